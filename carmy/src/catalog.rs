@@ -1,0 +1,151 @@
+//! The tools an app serves, checked and compiled once at start-up.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use serde_json::Value;
+
+use crate::error::Error;
+use crate::schema;
+use crate::state::StateMap;
+use crate::tool::ToolDescriptor;
+
+/// The app's tools, sorted by name, with their schemas and compiled validators.
+#[derive(Debug)]
+pub(crate) struct Catalog {
+    tools: Vec<CatalogTool>,
+    by_name: HashMap<&'static str, usize>,
+}
+
+/// One tool, ready to describe and to call.
+pub(crate) struct CatalogTool {
+    pub(crate) descriptor: &'static ToolDescriptor,
+    pub(crate) description: String,
+    pub(crate) input_schema: Value,
+    pub(crate) output_schema: Value,
+    pub(crate) validator: jsonschema::Validator,
+}
+
+impl std::fmt::Debug for CatalogTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatalogTool")
+            .field("descriptor", self.descriptor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Catalog {
+    /// Checks the tools against each other and against the app's state, derives their schemas
+    /// and compiles their validators.
+    pub(crate) fn build(
+        descriptors: impl IntoIterator<Item = &'static ToolDescriptor>,
+        states: &StateMap,
+    ) -> Result<Self, Error> {
+        let mut unique: HashMap<&'static str, &'static ToolDescriptor> = HashMap::new();
+        for descriptor in descriptors {
+            match unique.entry(descriptor.name) {
+                Entry::Vacant(slot) => {
+                    slot.insert(descriptor);
+                }
+                // The same tool registered and also added by hand is one tool.
+                Entry::Occupied(slot) if std::ptr::eq(*slot.get(), descriptor) => {}
+                Entry::Occupied(slot) => {
+                    let mut locations = [slot.get().location(), descriptor.location()];
+                    locations.sort();
+                    let [first, second] = locations;
+                    return Err(Error::DuplicateTool {
+                        name: descriptor.name.to_owned(),
+                        first,
+                        second,
+                    });
+                }
+            }
+        }
+        let mut descriptors: Vec<_> = unique.into_values().collect();
+        descriptors.sort_by_key(|descriptor| descriptor.name);
+
+        let tools = descriptors
+            .into_iter()
+            .map(|descriptor| CatalogTool::build(descriptor, states))
+            .collect::<Result<Vec<_>, _>>()?;
+        let by_name = tools
+            .iter()
+            .enumerate()
+            .map(|(index, tool)| (tool.descriptor.name, index))
+            .collect();
+        Ok(Catalog { tools, by_name })
+    }
+
+    /// The tools, sorted by name.
+    pub(crate) fn tools(&self) -> &[CatalogTool] {
+        &self.tools
+    }
+
+    /// The tool called `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<&CatalogTool> {
+        self.by_name.get(name).map(|&index| &self.tools[index])
+    }
+}
+
+impl CatalogTool {
+    fn build(descriptor: &'static ToolDescriptor, states: &StateMap) -> Result<Self, Error> {
+        for requirement in descriptor.states {
+            if !states.contains((requirement.type_id)()) {
+                return Err(Error::MissingState {
+                    tool: descriptor.name.to_owned(),
+                    location: descriptor.location(),
+                    type_name: (requirement.type_name)().to_owned(),
+                });
+            }
+        }
+        let input_schema = (descriptor.input_schema)();
+        if !schema::is_object_schema(&input_schema) {
+            return Err(Error::InputNotObject {
+                tool: descriptor.name.to_owned(),
+                location: descriptor.location(),
+            });
+        }
+        let validator =
+            jsonschema::draft202012::new(&input_schema).map_err(|error| Error::InvalidSchema {
+                tool: descriptor.name.to_owned(),
+                location: descriptor.location(),
+                reason: error.to_string(),
+            })?;
+        Ok(CatalogTool {
+            descriptor,
+            description: normalize_doc(descriptor.description),
+            input_schema,
+            output_schema: (descriptor.output_schema)(),
+            validator,
+        })
+    }
+}
+
+/// Doc comments arrive as lines that each start with the space after `///`: drop that space,
+/// keep the line structure, trim the whole.
+fn normalize_doc(doc: &str) -> String {
+    doc.lines()
+        .map(|line| line.strip_prefix(' ').unwrap_or(line).trim_end())
+        .collect::<Vec<_>>()
+        .join("\n")
+        .trim()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize_doc;
+
+    #[test]
+    fn doc_comments_become_plain_text() {
+        assert_eq!(
+            normalize_doc(" Place an order.\n\n Longer explanation.\n"),
+            "Place an order.\n\nLonger explanation."
+        );
+        assert_eq!(normalize_doc("  indented code\n"), "indented code");
+        assert_eq!(
+            normalize_doc("Explicit description"),
+            "Explicit description"
+        );
+    }
+}

@@ -1,0 +1,57 @@
+//! Errors found while building an app: reported at start-up, never at request time.
+
+/// A mistake in how the app is put together, found by [`App::router`](crate::App::router).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Two tools share a name.
+    #[error(
+        "two tools are named `{name}`: one at {first}, one at {second}; rename one with `name = \"…\"`"
+    )]
+    DuplicateTool {
+        /// The shared name.
+        name: String,
+        /// Where the first tool is defined.
+        first: String,
+        /// Where the second tool is defined.
+        second: String,
+    },
+    /// A tool takes `State<T>` but the app has no value of type `T`.
+    #[error(
+        "tool `{tool}` ({location}) takes `State<{type_name}>`, but the app has no such state: add `.state(value)` to the builder"
+    )]
+    MissingState {
+        /// The tool.
+        tool: String,
+        /// Where it is defined.
+        location: String,
+        /// The missing type.
+        type_name: String,
+    },
+    /// A tool's input schema is not an object schema.
+    #[error(
+        "tool `{tool}` ({location}) has an input schema that is not an object: its input type must be a struct (or a map) with named fields"
+    )]
+    InputNotObject {
+        /// The tool.
+        tool: String,
+        /// Where it is defined.
+        location: String,
+    },
+    /// A tool's input schema could not be compiled into a validator.
+    #[error("tool `{tool}` ({location}) has an input schema that cannot be compiled: {reason}")]
+    InvalidSchema {
+        /// The tool.
+        tool: String,
+        /// Where it is defined.
+        location: String,
+        /// The validator's complaint.
+        reason: String,
+    },
+    /// The app's name is empty.
+    #[error("the app's name must not be empty")]
+    EmptyName,
+    /// Serving failed (binding the address, accepting connections).
+    #[error("serving failed: {0}")]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,296 @@
+//! What a tool is at run time: a static descriptor of constants and function pointers, built by
+//! `#[carmy::tool]` and registered at link time.
+
+use std::any::TypeId;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Serialize, Serializer};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::context::Context;
+use crate::state::StateMap;
+use crate::tool_error::ToolError;
+
+/// What calling a tool does to the world. Declared by the tool's author, never inferred.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Effect {
+    /// Computes an answer from its input alone.
+    None,
+    /// Reads state without changing it.
+    Read,
+    /// Changes state this service owns.
+    Write,
+    /// Changes state in another system (sends an email, charges a card).
+    ExternalWrite,
+    /// Deletes or irreversibly changes state.
+    Destructive,
+}
+
+impl Effect {
+    /// The wire name (`"read"`, `"external_write"`, …).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Effect::None => "none",
+            Effect::Read => "read",
+            Effect::Write => "write",
+            Effect::ExternalWrite => "external_write",
+            Effect::Destructive => "destructive",
+        }
+    }
+
+    /// `none` and `read` tools change nothing, so running them again is always safe.
+    pub const fn is_read_only(self) -> bool {
+        matches!(self, Effect::None | Effect::Read)
+    }
+}
+
+impl Serialize for Effect {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// Whether a call needs the user's confirmation, granted on the server side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Confirmation {
+    /// The tool runs without confirmation.
+    None,
+    /// The caller must hold the `confirm:<tool>` permission.
+    Required,
+}
+
+impl Confirmation {
+    /// The wire name (`"none"` or `"required"`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Confirmation::None => "none",
+            Confirmation::Required => "required",
+        }
+    }
+}
+
+impl Serialize for Confirmation {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// The future a tool's shim returns.
+#[doc(hidden)]
+pub type CallFuture = Pin<Box<dyn Future<Output = Result<Output, ToolError>> + Send>>;
+
+/// A tool, as `#[carmy::tool]` describes it: constants and function pointers, so it can live in a
+/// `static` and be registered at link time.
+///
+/// Obtain one with `my_tool::TOOL` and pass it to [`App::tool`](crate::App::tool) to serve a tool
+/// declared with `register = false`.
+pub struct ToolDescriptor {
+    #[doc(hidden)]
+    pub name: &'static str,
+    #[doc(hidden)]
+    pub description: &'static str,
+    #[doc(hidden)]
+    pub effect: Effect,
+    #[doc(hidden)]
+    pub idempotent: bool,
+    #[doc(hidden)]
+    pub parallel_safe: bool,
+    #[doc(hidden)]
+    pub confirmation: Confirmation,
+    #[doc(hidden)]
+    pub timeout: Option<Duration>,
+    #[doc(hidden)]
+    pub input_schema: fn() -> Value,
+    #[doc(hidden)]
+    pub output_schema: fn() -> Value,
+    #[doc(hidden)]
+    pub states: &'static [StateRequirement],
+    #[doc(hidden)]
+    pub call: fn(Invocation) -> CallFuture,
+    #[doc(hidden)]
+    pub file: &'static str,
+    #[doc(hidden)]
+    pub line: u32,
+}
+
+impl ToolDescriptor {
+    /// The tool's name, unique in an app.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The declared effect.
+    pub fn effect(&self) -> Effect {
+        self.effect
+    }
+
+    /// Where the tool is defined, as `file:line`.
+    pub fn location(&self) -> String {
+        format!("{}:{}", self.file, self.line)
+    }
+}
+
+impl fmt::Debug for ToolDescriptor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolDescriptor")
+            .field("name", &self.name)
+            .field("effect", &self.effect)
+            .field("idempotent", &self.idempotent)
+            .field("parallel_safe", &self.parallel_safe)
+            .field("confirmation", &self.confirmation)
+            .field("timeout", &self.timeout)
+            .field("location", &self.location())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tool registered at link time by `#[carmy::tool]`.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Registration(pub &'static ToolDescriptor);
+
+inventory::collect!(Registration);
+
+/// Every tool registered at link time, in no particular order.
+pub(crate) fn registered() -> impl Iterator<Item = &'static ToolDescriptor> {
+    inventory::iter::<Registration>
+        .into_iter()
+        .map(|registration| registration.0)
+}
+
+/// A `State<T>` parameter of a tool, checked against the app's state when the router is built.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct StateRequirement {
+    pub(crate) type_id: fn() -> TypeId,
+    pub(crate) type_name: fn() -> &'static str,
+}
+
+impl StateRequirement {
+    pub const fn of<T: 'static>() -> Self {
+        StateRequirement {
+            type_id: TypeId::of::<T>,
+            type_name: std::any::type_name::<T>,
+        }
+    }
+}
+
+/// A tool's serialized output.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Output(pub(crate) Box<RawValue>);
+
+/// Everything a tool's shim needs for one call: the validated arguments, the context and the
+/// app's state.
+#[doc(hidden)]
+pub struct Invocation {
+    pub(crate) arguments: Value,
+    pub(crate) context: Context,
+    pub(crate) states: Arc<StateMap>,
+}
+
+impl fmt::Debug for Invocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Invocation")
+            .field("context", &self.context)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Invocation {
+    pub fn context(&self) -> Context {
+        self.context.clone()
+    }
+
+    pub fn state<T: Clone + Send + Sync + 'static>(&self) -> Result<T, ToolError> {
+        self.states.get::<T>().cloned().ok_or_else(|| {
+            ToolError::internal_message(format!(
+                "state `{}` missing at call time",
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+}
+
+/// A type a tool can take as its input.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be deserialized as the input of a carmy tool",
+    label = "the input type must implement `serde::Deserialize`",
+    note = "add `#[derive(serde::Deserialize)]` to `{Self}`"
+)]
+pub trait DeserializeInput: DeserializeOwned {}
+
+#[diagnostic::do_not_recommend]
+impl<T: DeserializeOwned> DeserializeInput for T {}
+
+/// A type whose JSON Schema a tool can advertise as its input.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` has no JSON Schema to describe the input of a carmy tool",
+    label = "the input type must implement `carmy::JsonSchema`",
+    note = "add `#[derive(carmy::JsonSchema)]` to `{Self}`"
+)]
+pub trait DescribeInput: schemars::JsonSchema {}
+
+#[diagnostic::do_not_recommend]
+impl<T: schemars::JsonSchema> DescribeInput for T {}
+
+/// A type a tool can return.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be serialized as the output of a carmy tool",
+    label = "the output type must implement `serde::Serialize`",
+    note = "add `#[derive(serde::Serialize)]` to `{Self}`"
+)]
+pub trait SerializeOutput: Serialize {}
+
+#[diagnostic::do_not_recommend]
+impl<T: Serialize> SerializeOutput for T {}
+
+/// A type whose JSON Schema a tool can advertise as its output.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` has no JSON Schema to describe the output of a carmy tool",
+    label = "the output type must implement `carmy::JsonSchema`",
+    note = "add `#[derive(carmy::JsonSchema)]` to `{Self}`"
+)]
+pub trait DescribeOutput: schemars::JsonSchema {}
+
+#[diagnostic::do_not_recommend]
+impl<T: schemars::JsonSchema> DescribeOutput for T {}
+
+/// An error type a tool can return.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be converted into `carmy::ToolError`",
+    label = "the error type of a carmy tool must convert into `carmy::ToolError`",
+    note = "implement `std::error::Error` for `{Self}` (it becomes an internal error), or \
+            `From<{Self}> for carmy::ToolError` to choose its code and category"
+)]
+pub trait IntoToolError: Into<ToolError> {}
+
+#[diagnostic::do_not_recommend]
+impl<E: Into<ToolError>> IntoToolError for E {}
+
+/// Deserializes the (already validated) arguments into the tool's input type.
+#[doc(hidden)]
+pub fn input<T: DeserializeInput>(invocation: &mut Invocation) -> Result<T, ToolError> {
+    T::deserialize(std::mem::take(&mut invocation.arguments))
+        .map_err(|error| ToolError::undecodable_arguments(&error))
+}
+
+/// Converts the tool's error, whatever its type, into a [`ToolError`].
+#[doc(hidden)]
+pub fn ok_or_tool_error<T, E: IntoToolError>(result: Result<T, E>) -> Result<T, ToolError> {
+    result.map_err(Into::into)
+}
+
+/// Serializes the tool's output; a failure is the tool's bug, reported as `INVALID_OUTPUT`.
+#[doc(hidden)]
+pub fn serialize_output<T: SerializeOutput>(value: &T) -> Result<Output, ToolError> {
+    serde_json::value::to_raw_value(value)
+        .map(Output)
+        .map_err(|error| ToolError::invalid_output(&error))
+}

@@ -1,0 +1,71 @@
+//! Unknown routes and methods answer with the JSON error envelope, never plain text.
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use carmy_tests::{get, send};
+use serde_json::json;
+
+#[tokio::test]
+async fn unknown_route_is_a_json_404() {
+    let router = shop::app().router().unwrap();
+    let answer = get(&router, "/agent/nope").await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    assert_eq!(answer.header("content-type"), Some("application/json"));
+    assert_eq!(
+        answer.json(),
+        json!({ "error": {
+            "code": "ROUTE_NOT_FOUND",
+            "message": "no such route",
+            "category": "not_found",
+            "recoverable": false,
+            "retryable": false
+        }})
+    );
+}
+
+#[tokio::test]
+async fn wrong_method_is_a_json_405() {
+    let router = shop::app().router().unwrap();
+    for (method, path) in [
+        (Method::POST, "/agent/tools"),
+        (Method::DELETE, "/.well-known/agent"),
+        (Method::PUT, "/agent/tools"),
+    ] {
+        let request = Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .body(Body::empty())
+            .unwrap();
+        let answer = send(&router, request).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{method} {path}"
+        );
+        assert_eq!(answer.header("content-type"), Some("application/json"));
+        assert_eq!(answer.json()["error"]["code"], json!("METHOD_NOT_ALLOWED"));
+        assert_eq!(answer.json()["error"]["category"], json!("validation"));
+    }
+}
+
+#[tokio::test]
+async fn host_routes_and_layers_compose_with_the_carmy_router() {
+    let router = shop::app()
+        .router()
+        .unwrap()
+        .route("/health", axum::routing::get(|| async { "ok" }))
+        .layer(axum::middleware::from_fn(
+            |request: axum::extract::Request, next: axum::middleware::Next| async move {
+                let mut response = next.run(request).await;
+                response
+                    .headers_mut()
+                    .insert("x-host", "yes".parse().unwrap());
+                response
+            },
+        ));
+    let health = get(&router, "/health").await;
+    assert_eq!(health.status, StatusCode::OK);
+    let tools = get(&router, "/agent/tools").await;
+    assert_eq!(tools.status, StatusCode::OK);
+    assert_eq!(tools.header("x-host"), Some("yes"));
+}

@@ -1,0 +1,149 @@
+//! The example's schemas, snapshotted, and the provider-safety rules of protocol.md §2.
+//! Set `CARMY_BLESS=1` to rewrite the snapshot after an intended change.
+
+use carmy::{JsonSchema, ToolError};
+use carmy_tests::get;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+const SNAPSHOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/snapshots/shop_catalog.json");
+
+#[tokio::test]
+async fn shop_schemas_match_the_snapshot() {
+    let router = shop::app().router().unwrap();
+    let catalog = get(&router, "/agent/tools").await.json();
+    let pretty = serde_json::to_string_pretty(&catalog).unwrap() + "\n";
+    if std::env::var_os("CARMY_BLESS").is_some() {
+        std::fs::write(SNAPSHOT, &pretty).unwrap();
+    }
+    let expected =
+        std::fs::read_to_string(SNAPSHOT).expect("snapshot exists (CARMY_BLESS=1 writes it)");
+    assert_eq!(
+        pretty, expected,
+        "the catalog changed; rerun with CARMY_BLESS=1 if intended"
+    );
+}
+
+fn walk<'a>(schema: &'a Value, found: &mut Vec<(&'a str, &'a Value)>) {
+    match schema {
+        Value::Object(map) => {
+            for (key, value) in map {
+                found.push((key.as_str(), value));
+                walk(value, found);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| walk(item, found)),
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn schemas_are_provider_safe() {
+    let router = shop::app().router().unwrap();
+    let catalog = get(&router, "/agent/tools").await.json();
+    for tool in catalog["tools"].as_array().unwrap() {
+        for key in ["input_schema", "output_schema"] {
+            let schema = &tool[key];
+            assert!(schema.get("$schema").is_none(), "{}", tool["name"]);
+            assert!(schema.get("title").is_none(), "{}", tool["name"]);
+            let mut found = Vec::new();
+            walk(schema, &mut found);
+            assert!(
+                found
+                    .iter()
+                    .all(|(key, _)| *key != "$ref" && *key != "$defs"),
+                "{} is not self-contained",
+                tool["name"]
+            );
+        }
+        let input = &tool["input_schema"];
+        assert_eq!(input["type"], "object");
+        assert!(input["properties"].is_object());
+    }
+    let list_products = catalog["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|tool| tool["name"] == "list_products")
+        .unwrap();
+    assert_eq!(
+        list_products["input_schema"],
+        json!({ "type": "object", "properties": {} })
+    );
+    let create_order = catalog["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|tool| tool["name"] == "create_order")
+        .unwrap();
+    assert_eq!(
+        create_order["input_schema"]["additionalProperties"],
+        json!(false)
+    );
+    assert_eq!(
+        create_order["input_schema"]["properties"]["sku"]["description"],
+        json!("The product to order, e.g. `KB-01`.")
+    );
+    assert_eq!(
+        create_order["input_schema"]["properties"]["quantity"]["minimum"],
+        json!(1)
+    );
+    assert_eq!(
+        create_order["input_schema"]["properties"]["quantity"]["default"],
+        json!(1)
+    );
+}
+
+/// A folder tree.
+#[derive(Deserialize, Serialize, JsonSchema)]
+struct Folder {
+    /// The folder's name.
+    name: String,
+    /// Nested folders.
+    #[serde(default)]
+    children: Vec<Folder>,
+}
+
+/// Counts folders.
+#[carmy::tool(effect = "none", register = false)]
+async fn count_folders(input: Folder) -> Result<Folder, ToolError> {
+    Ok(input)
+}
+
+/// Takes any extra properties.
+#[derive(Deserialize, JsonSchema)]
+#[schemars(extend("additionalProperties" = true))]
+struct Open {
+    /// A known property.
+    known: Option<String>,
+}
+
+/// Accepts unknown properties, by choice.
+#[carmy::tool(effect = "none", register = false)]
+async fn open_input(input: Open) -> Result<bool, ToolError> {
+    Ok(input.known.is_some())
+}
+
+#[tokio::test]
+async fn recursive_types_keep_working() {
+    let router = carmy::App::new()
+        .tool(count_folders::TOOL)
+        .router()
+        .unwrap();
+    let catalog = get(&router, "/agent/tools").await.json();
+    let input = &catalog["tools"][0]["input_schema"];
+    assert_eq!(input["type"], "object");
+    assert_eq!(input["additionalProperties"], json!(false));
+    assert_eq!(input["properties"]["children"]["items"]["$ref"], json!("#"));
+    assert!(input.get("title").is_none());
+}
+
+#[tokio::test]
+async fn an_input_type_can_opt_out_of_closed_objects() {
+    let router = carmy::App::new().tool(open_input::TOOL).router().unwrap();
+    let catalog = get(&router, "/agent/tools").await.json();
+    assert_eq!(
+        catalog["tools"][0]["input_schema"]["additionalProperties"],
+        json!(true)
+    );
+}

@@ -1,0 +1,5 @@
+/// Does nothing.
+#[carmy::tool(effect = "none")]
+async fn nothing() {}
+
+fn main() {}

@@ -1,0 +1,4 @@
+#[carmy::tool(effect = "read")]
+struct Clock;
+
+fn main() {}

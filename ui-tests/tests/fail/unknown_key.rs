@@ -1,0 +1,7 @@
+/// Reads the time.
+#[carmy::tool(effect = "read", idempotnet = true)]
+async fn now() -> Result<u64, carmy::ToolError> {
+    Ok(0)
+}
+
+fn main() {}
