@@ -89,7 +89,7 @@ fn expand(spec: &Spec<'_>) -> TokenStream {
             }
             ParamKind::Input => {
                 input_schema = quote_spanned!(span=> __carmy::input_schema::<#ty>);
-                quote_spanned!(span=> let #arg = __carmy::input::<#ty>(&mut __carmy_invocation)?;)
+                quote_spanned!(span=> let #arg = __carmy::input::<#ty>(&__carmy_invocation)?;)
             }
         });
         args.push(arg);
@@ -140,9 +140,8 @@ fn expand(spec: &Spec<'_>) -> TokenStream {
                 line: #line,
             };
 
-            #[allow(unused_mut)]
             async fn __carmy_run(
-                mut __carmy_invocation: __carmy::Invocation,
+                __carmy_invocation: __carmy::Invocation,
             ) -> ::core::result::Result<__carmy::Output, __carmy::ToolError> {
                 #(#bindings)*
                 let __carmy_result = #ident(#(#args),*).await;

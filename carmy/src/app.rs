@@ -1,10 +1,14 @@
-//! The builder that turns the registered tools into an `axum::Router`.
+//! The builder that turns the registered tools into an `axum::Router`, and the serving helper.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::catalog::Catalog;
 use crate::error::Error;
-use crate::http;
+use crate::http::{self, HttpSettings};
+use crate::idempotency::{IdempotencyStore, MemoryStore};
+use crate::runtime::{Runtime, Settings};
 use crate::state::StateMap;
 use crate::tool::{self, ToolDescriptor};
 
@@ -23,11 +27,24 @@ pub fn app() -> App {
 
 /// Builds the router that serves a set of tools over carmy/1.
 #[must_use]
-#[derive(Debug)]
 pub struct App {
     name: Option<String>,
     tools: Vec<&'static ToolDescriptor>,
     states: StateMap,
+    store: Option<Arc<dyn IdempotencyStore>>,
+    settings: Settings,
+    http: HttpSettings,
+    shutdown_grace: Duration,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("name", &self.name)
+            .field("tools", &self.tools.len())
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for App {
@@ -43,6 +60,10 @@ impl App {
             name: None,
             tools: Vec::new(),
             states: StateMap::default(),
+            store: None,
+            settings: Settings::default(),
+            http: HttpSettings::default(),
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 
@@ -70,16 +91,100 @@ impl App {
         self
     }
 
+    /// The deadline of tools that declare no `timeout` (default 30 s).
+    pub fn default_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.default_timeout = timeout;
+        self
+    }
+
+    /// How many executions may run at once before calls are refused with a retryable
+    /// `503 OVERLOADED` (default 1,024).
+    pub fn max_in_flight(mut self, executions: usize) -> Self {
+        self.settings.max_in_flight = executions;
+        self
+    }
+
+    /// Where idempotency records live (default: a [`MemoryStore`] of 100,000 records).
+    pub fn idempotency_store(mut self, store: impl IdempotencyStore) -> Self {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// How long idempotency records are kept (default 24 h).
+    pub fn idempotency_ttl(mut self, ttl: Duration) -> Self {
+        self.settings.record_ttl = ttl;
+        self
+    }
+
+    /// How often an SSE stream sends a keep-alive comment while the tool is quiet (default
+    /// 15 s).
+    pub fn sse_keep_alive(mut self, interval: Duration) -> Self {
+        self.http.keep_alive = interval;
+        self
+    }
+
+    /// How long [`App::serve`] lets executions in flight finish after a shutdown signal
+    /// before cancelling them (default 10 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
     /// Checks the app and builds the router. Every mistake (duplicate tool names, missing
     /// state, an input schema that is not an object) is found here, never at request time.
     pub fn router(self) -> Result<axum::Router, Error> {
+        self.build().map(|(router, _)| router)
+    }
+
+    /// Serves the app on `addr` until SIGINT or SIGTERM, then shuts down gracefully: stops
+    /// accepting connections, lets executions in flight finish within the grace period, then
+    /// cancels the rest.
+    pub async fn serve(self, addr: impl tokio::net::ToSocketAddrs) -> Result<(), Error> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        self.serve_with_shutdown(listener, shutdown_signal()).await
+    }
+
+    /// Like [`App::serve`], on a bound listener, until `shutdown` resolves.
+    pub async fn serve_with_shutdown(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        let grace = self.shutdown_grace;
+        let (router, runtime) = self.build()?;
+        tracing::info!(addr = %listener.local_addr()?, "serving carmy/1");
+        let canceller = Arc::clone(&runtime);
+        let signal = async move {
+            shutdown.await;
+            tracing::info!(?grace, "shutting down: waiting for executions in flight");
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                canceller.cancel_all();
+            });
+        };
+        axum::serve(listener, router)
+            .with_graceful_shutdown(signal)
+            .await?;
+        runtime.wait_idle().await;
+        Ok(())
+    }
+
+    pub(crate) fn build(self) -> Result<(axum::Router, Arc<Runtime>), Error> {
         let name = match self.name {
             Some(name) if name.trim().is_empty() => return Err(Error::EmptyName),
             Some(name) => name,
             None => default_name(),
         };
         let catalog = Catalog::build(self.tools, &self.states)?;
-        Ok(http::router(&name, Arc::new(catalog)))
+        let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let runtime = Arc::new(Runtime::new(
+            Arc::new(catalog),
+            self.states,
+            store,
+            self.settings,
+        ));
+        let router = http::router(&name, Arc::clone(&runtime), &self.http);
+        Ok((router, runtime))
     }
 }
 
@@ -89,4 +194,28 @@ fn default_name() -> String {
         .ok()
         .and_then(|path| path.file_stem()?.to_str().map(str::to_owned))
         .unwrap_or_else(|| "carmy".to_owned())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
 }

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::runtime::Event;
+
 /// How far a caller is trusted. Ordered: `Anonymous < Known < Partner < Internal`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum TrustLevel {
@@ -115,7 +117,7 @@ struct ContextInner {
     request_id: Option<String>,
     principal: Principal,
     cancellation: CancellationToken,
-    progress: Option<tokio::sync::mpsc::UnboundedSender<Progress>>,
+    events: Option<tokio::sync::mpsc::UnboundedSender<Event>>,
 }
 
 impl Context {
@@ -124,7 +126,7 @@ impl Context {
         request_id: Option<String>,
         principal: Principal,
         cancellation: CancellationToken,
-        progress: Option<tokio::sync::mpsc::UnboundedSender<Progress>>,
+        events: Option<tokio::sync::mpsc::UnboundedSender<Event>>,
     ) -> Self {
         Context {
             inner: Arc::new(ContextInner {
@@ -132,7 +134,7 @@ impl Context {
                 request_id,
                 principal,
                 cancellation,
-                progress,
+                events,
             }),
         }
     }
@@ -170,13 +172,13 @@ impl Context {
         total: impl Into<Option<u64>>,
         message: impl Into<Option<String>>,
     ) {
-        if let Some(sender) = &self.inner.progress {
-            // The receiver is gone only once the execution is over; nothing to report then.
-            let _ = sender.send(Progress {
+        if let Some(events) = &self.inner.events {
+            // The receiver is gone only once the client is; nothing to report then.
+            let _ = events.send(Event::Progress(Progress {
                 progress: done,
                 total: total.into(),
                 message: message.into(),
-            });
+            }));
         }
     }
 }

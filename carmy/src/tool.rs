@@ -190,7 +190,7 @@ pub struct Output(pub(crate) Box<RawValue>);
 /// app's state.
 #[doc(hidden)]
 pub struct Invocation {
-    pub(crate) arguments: Value,
+    pub(crate) arguments: Arc<Value>,
     pub(crate) context: Context,
     pub(crate) states: Arc<StateMap>,
 }
@@ -276,9 +276,8 @@ impl<E: Into<ToolError>> IntoToolError for E {}
 
 /// Deserializes the (already validated) arguments into the tool's input type.
 #[doc(hidden)]
-pub fn input<T: DeserializeInput>(invocation: &mut Invocation) -> Result<T, ToolError> {
-    T::deserialize(std::mem::take(&mut invocation.arguments))
-        .map_err(|error| ToolError::undecodable_arguments(&error))
+pub fn input<T: DeserializeInput>(invocation: &Invocation) -> Result<T, ToolError> {
+    T::deserialize(&*invocation.arguments).map_err(|error| ToolError::undecodable_arguments(&error))
 }
 
 /// Converts the tool's error, whatever its type, into a [`ToolError`].

@@ -53,8 +53,18 @@ pub(crate) mod codes {
     pub(crate) const ROUTE_NOT_FOUND: &str = "ROUTE_NOT_FOUND";
     pub(crate) const METHOD_NOT_ALLOWED: &str = "METHOD_NOT_ALLOWED";
     pub(crate) const INTERNAL: &str = "INTERNAL";
+    pub(crate) const TOOL_NOT_FOUND: &str = "TOOL_NOT_FOUND";
     pub(crate) const INVALID_ARGUMENTS: &str = "INVALID_ARGUMENTS";
     pub(crate) const INVALID_OUTPUT: &str = "INVALID_OUTPUT";
+    pub(crate) const CONFIRMATION_REQUIRED: &str = "CONFIRMATION_REQUIRED";
+    pub(crate) const IDEMPOTENCY_CONFLICT: &str = "IDEMPOTENCY_CONFLICT";
+    pub(crate) const EXECUTION_UNCERTAIN: &str = "EXECUTION_UNCERTAIN";
+    pub(crate) const IDEMPOTENCY_CAPACITY: &str = "IDEMPOTENCY_CAPACITY";
+    pub(crate) const IDEMPOTENCY_UNAVAILABLE: &str = "IDEMPOTENCY_UNAVAILABLE";
+    pub(crate) const TIMEOUT: &str = "TIMEOUT";
+    pub(crate) const CANCELLED: &str = "CANCELLED";
+    pub(crate) const TOOL_PANIC: &str = "TOOL_PANIC";
+    pub(crate) const OVERLOADED: &str = "OVERLOADED";
 }
 
 /// An error a tool returns, or the runtime produces, as agents see it.
@@ -253,7 +263,11 @@ impl ToolError {
             "arguments do not match the input schema",
         )
         .details(serde_json::json!({
-            "errors": [{ "path": "", "keyword": "deserialize", "message": error.to_string() }]
+            "errors": [Violation {
+                path: String::new(),
+                keyword: "deserialize".to_owned(),
+                message: error.to_string(),
+            }]
         }));
         error.inner.rejected_before_running = true;
         error
@@ -326,6 +340,16 @@ impl Serialize for ToolError {
         }
         map.end()
     }
+}
+
+/// One way the arguments break the input schema (`details.errors[]`), fields in the
+/// protocol's order.
+#[derive(Debug, Serialize)]
+pub(crate) struct Violation {
+    /// JSON pointer into the arguments.
+    pub(crate) path: String,
+    pub(crate) keyword: String,
+    pub(crate) message: String,
 }
 
 /// Whole seconds to wait, rounded up so a client never retries too early.

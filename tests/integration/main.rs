@@ -3,7 +3,16 @@
 
 mod builder;
 mod catalog;
+mod disconnect;
 mod discovery;
+mod execute;
+mod fuzz;
+mod idempotency;
 mod routes;
 mod schemas;
+mod shutdown;
 mod socket;
+mod store_contract;
+mod streaming;
+mod testing_client;
+mod tools;

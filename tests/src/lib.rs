@@ -48,6 +48,22 @@ pub async fn send(router: &Router, request: Request<Body>) -> Answer {
     }
 }
 
+/// `POST /agent/execute` with a JSON body and extra headers.
+pub fn execute_request(body: &Value, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut request = Request::post("/agent/execute").header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request
+        .body(Body::from(body.to_string()))
+        .expect("valid request")
+}
+
+/// `POST /agent/execute` in-process.
+pub async fn execute(router: &Router, body: &Value) -> Answer {
+    send(router, execute_request(body, &[])).await
+}
+
 /// `GET path`.
 pub async fn get(router: &Router, path: &str) -> Answer {
     send(
@@ -88,8 +104,13 @@ impl Server {
         Server { addr, task }
     }
 
-    /// Opens a fresh HTTP/1.1 connection.
-    pub async fn connect(&self) -> hyper::client::conn::http1::SendRequest<Body> {
+    /// Opens a fresh HTTP/1.1 connection. Aborting the returned task closes the socket.
+    pub async fn connect(
+        &self,
+    ) -> (
+        hyper::client::conn::http1::SendRequest<Body>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let stream = tokio::net::TcpStream::connect(self.addr)
             .await
             .expect("connect");
@@ -97,13 +118,15 @@ impl Server {
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await
                 .expect("handshake");
-        tokio::spawn(connection);
-        sender
+        let task = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        (sender, task)
     }
 
     /// Sends `request` on a fresh connection and reads the whole answer.
     pub async fn send(&self, request: Request<Body>) -> Answer {
-        let mut sender = self.connect().await;
+        let (mut sender, _connection) = self.connect().await;
         let response = sender.send_request(request).await.expect("response");
         let (parts, body) = response.into_parts();
         let body = body.collect().await.expect("body").to_bytes();
@@ -129,4 +152,52 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// One Server-Sent Event, or a comment (a keep-alive).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SseEvent {
+    pub event: Option<String>,
+    pub id: Option<String>,
+    pub data: Option<String>,
+    pub comment: bool,
+}
+
+impl SseEvent {
+    /// The data as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(self.data.as_deref().expect("event has data")).expect("data is JSON")
+    }
+}
+
+/// Splits an event-stream body into its events and comments.
+pub fn parse_sse(text: &str) -> Vec<SseEvent> {
+    text.split("\n\n")
+        .filter(|block| !block.trim().is_empty())
+        .map(|block| {
+            let mut event = SseEvent {
+                event: None,
+                id: None,
+                data: None,
+                comment: false,
+            };
+            for line in block.lines() {
+                if line.starts_with(':') {
+                    event.comment = true;
+                } else if let Some((field, value)) = line.split_once(':') {
+                    let value = value.strip_prefix(' ').unwrap_or(value).to_owned();
+                    match field {
+                        "event" => event.event = Some(value),
+                        "id" => event.id = Some(value),
+                        "data" => {
+                            assert!(event.data.is_none(), "data must fit on one line: {block}");
+                            event.data = Some(value);
+                        }
+                        other => panic!("unexpected SSE field {other:?} in {block:?}"),
+                    }
+                }
+            }
+            event
+        })
+        .collect()
 }

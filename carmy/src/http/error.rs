@@ -13,12 +13,20 @@ static NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
 /// The status an error is answered with: the category's, except for codes HTTP has a more
 /// precise status for.
 pub(crate) fn status_of(error: &ToolError) -> StatusCode {
-    match error.code() {
-        codes::PAYLOAD_TOO_LARGE => return StatusCode::PAYLOAD_TOO_LARGE,
-        codes::METHOD_NOT_ALLOWED => return StatusCode::METHOD_NOT_ALLOWED,
+    status_for(Some(error.category()), Some(error.code()))
+}
+
+/// The status of an answer: `200` without an error, else by category and code.
+pub(crate) fn status_for(category: Option<Category>, code: Option<&str>) -> StatusCode {
+    match code {
+        Some(codes::PAYLOAD_TOO_LARGE) => return StatusCode::PAYLOAD_TOO_LARGE,
+        Some(codes::METHOD_NOT_ALLOWED) => return StatusCode::METHOD_NOT_ALLOWED,
         _ => {}
     }
-    match error.category() {
+    let Some(category) = category else {
+        return StatusCode::OK;
+    };
+    match category {
         Category::Validation => StatusCode::BAD_REQUEST,
         Category::Permission => StatusCode::FORBIDDEN,
         Category::NotFound => StatusCode::NOT_FOUND,

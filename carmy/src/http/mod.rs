@@ -3,24 +3,49 @@
 
 mod documents;
 mod error;
+mod execute;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
-use axum::routing::get;
+use axum::routing::{get, post};
 
-use crate::catalog::Catalog;
+use crate::runtime::Runtime;
 use crate::tool_error::{ToolError, codes};
 
 pub(crate) use documents::Documents;
 
+/// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
+#[derive(Debug, Clone)]
+pub(crate) struct HttpSettings {
+    /// How often an SSE stream sends a keep-alive comment while the tool is quiet.
+    pub(crate) keep_alive: Duration,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            keep_alive: Duration::from_secs(15),
+        }
+    }
+}
+
 /// The routes of protocol.md, with JSON answers for unknown routes and methods.
-pub(crate) fn router(name: &str, catalog: Arc<Catalog>) -> Router {
-    let documents = Arc::new(Documents::build(name, &catalog));
-    Router::new()
+pub(crate) fn router(name: &str, runtime: Arc<Runtime>, settings: &HttpSettings) -> Router {
+    let documents = Arc::new(Documents::build(name, runtime.catalog()));
+    let documents = Router::new()
         .route(documents::DISCOVERY_PATH, get(documents::discovery))
         .route(documents::CATALOG_PATH, get(documents::catalog))
-        .with_state(documents)
+        .with_state(documents);
+    let execute = Router::new()
+        .route(documents::EXECUTE_PATH, post(execute::execute))
+        .with_state(execute::ExecuteState {
+            runtime,
+            keep_alive: settings.keep_alive,
+        });
+    documents
+        .merge(execute)
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
 }

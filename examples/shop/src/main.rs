@@ -1,7 +1,5 @@
 //! `cargo run -p shop`: serves the shop on 127.0.0.1:3000 (`CARMY_ADDR` overrides it).
 
-use std::net::SocketAddr;
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
@@ -9,12 +7,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let addr: SocketAddr = std::env::var("CARMY_ADDR")
-        .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
-        .parse()?;
-    let router = shop::app().router()?;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    println!("shop listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, router).await?;
+    let addr = std::env::var("CARMY_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    shop::app().serve(addr).await?;
     Ok(())
 }

@@ -1,0 +1,284 @@
+//! `POST /agent/execute` (`protocol.md` §4): parses the request, drives the runtime, and
+//! answers with JSON or Server-Sent Events. A client that goes away cancels the execution.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::header::{ACCEPT, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::Stream;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::error::status_for;
+use crate::context::Principal;
+use crate::runtime::{self, Call, Event, Outcome, Runtime, response};
+use crate::tool_error::{ToolError, codes, retry_after_secs};
+
+/// The largest request body accepted.
+pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+static JSON: HeaderValue = HeaderValue::from_static("application/json");
+static NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
+static TRUE: HeaderValue = HeaderValue::from_static("true");
+static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+static CARMY_REPLAYED: HeaderName = HeaderName::from_static("carmy-replayed");
+
+/// What the execute endpoint needs besides the runtime.
+#[derive(Debug, Clone)]
+pub(crate) struct ExecuteState {
+    pub(crate) runtime: Arc<Runtime>,
+    pub(crate) keep_alive: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecuteBody {
+    tool: String,
+    #[serde(default = "empty_object")]
+    arguments: Value,
+    #[serde(default)]
+    request_id: Option<String>,
+}
+
+fn empty_object() -> Value {
+    json!({})
+}
+
+pub(crate) async fn execute(State(state): State<ExecuteState>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let call = match read_call(&parts.headers, body).await {
+        Ok(call) => call,
+        Err(error) => return error.into_response(),
+    };
+    let call = Call {
+        principal: parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .unwrap_or_default(),
+        ..call
+    };
+    // Cancels the execution if this future or the stream is dropped: the client went away.
+    let cancel = CancellationToken::new();
+    let guard = cancel.clone().drop_guard();
+    if wants_event_stream(&parts.headers) {
+        return stream(state, call, cancel, guard);
+    }
+    let outcome = state.runtime.execute(call, cancel, None).await;
+    guard.disarm();
+    json_response(&outcome)
+}
+
+/// Checks the content type, reads at most [`MAX_BODY_BYTES`], and parses the request.
+async fn read_call(headers: &HeaderMap, body: Body) -> Result<Call, ToolError> {
+    let is_json = headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+    if !is_json {
+        return Err(ToolError::invalid_request(
+            "the content type must be application/json",
+        ));
+    }
+    let declared_length = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared_length.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+        return Err(payload_too_large());
+    }
+    let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<LengthLimitError>() => return Err(payload_too_large()),
+        Err(error) => {
+            return Err(ToolError::invalid_request(format!(
+                "the request body could not be read: {error}"
+            )));
+        }
+    };
+    let body: ExecuteBody = serde_json::from_slice(&bytes)
+        .map_err(|error| ToolError::invalid_request(format!("invalid request body: {error}")))?;
+    let header_key = match headers.get(&IDEMPOTENCY_KEY) {
+        None => None,
+        Some(value) => Some(value.to_str().map(str::to_owned).map_err(|_| {
+            ToolError::invalid_request("the Idempotency-Key header must be printable ASCII")
+        })?),
+    };
+    let request_id = match (body.request_id, header_key) {
+        (Some(body_id), Some(header_id)) if body_id != header_id => {
+            return Err(ToolError::invalid_request(
+                "request_id and the Idempotency-Key header differ",
+            ));
+        }
+        (body_id, header_id) => body_id.or(header_id),
+    };
+    if let Some(request_id) = &request_id {
+        runtime::check_request_id(request_id)?;
+    }
+    Ok(Call {
+        tool: body.tool,
+        arguments: body.arguments,
+        request_id,
+        principal: Principal::anonymous(),
+    })
+}
+
+fn payload_too_large() -> ToolError {
+    ToolError::validation(
+        codes::PAYLOAD_TOO_LARGE,
+        "the request body is larger than 1 MiB",
+    )
+    .details(json!({ "limit_bytes": MAX_BODY_BYTES }))
+    .recoverable(true)
+}
+
+fn wants_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|range| {
+            range
+                .split(';')
+                .next()
+                .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
+        })
+}
+
+fn json_response(outcome: &Outcome) -> Response {
+    let response = &outcome.response;
+    let mut answer = (
+        status_for(response.category, response.code.as_deref()),
+        response.body.clone(),
+    )
+        .into_response();
+    let headers = answer.headers_mut();
+    headers.insert(CONTENT_TYPE, JSON.clone());
+    headers.insert(CACHE_CONTROL, NO_STORE.clone());
+    if let Some(after) = outcome.retry_after {
+        headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
+    }
+    if outcome.replayed {
+        headers.insert(CARMY_REPLAYED.clone(), TRUE.clone());
+    }
+    answer
+}
+
+/// Answers as Server-Sent Events: `execution.started`, `tool.progress`…, then
+/// `execution.completed`, with sequential ids.
+fn stream(
+    state: ExecuteState,
+    call: Call,
+    cancel: CancellationToken,
+    guard: DropGuard,
+) -> Response {
+    let (events, event_receiver) = mpsc::unbounded_channel();
+    let (done, outcome) = oneshot::channel();
+    let runtime = state.runtime;
+    tokio::spawn(async move {
+        let outcome = runtime.execute(call, cancel, Some(events)).await;
+        let _ = done.send(outcome);
+    });
+    let events = EventStream {
+        events: event_receiver,
+        outcome,
+        next_id: 1,
+        execution_id: None,
+        guard: Some(guard),
+    };
+    let mut response = Sse::new(events.into_stream())
+        .keep_alive(KeepAlive::new().interval(state.keep_alive))
+        .into_response();
+    response
+        .headers_mut()
+        .insert(CACHE_CONTROL, NO_STORE.clone());
+    response
+}
+
+/// `tool.progress` data, fields in the protocol's order.
+#[derive(Serialize)]
+struct ProgressData<'a> {
+    execution_id: Option<&'a str>,
+    progress: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    total: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'a str>,
+}
+
+struct EventStream {
+    events: mpsc::UnboundedReceiver<Event>,
+    outcome: oneshot::Receiver<Outcome>,
+    next_id: u64,
+    /// Known once `execution.started` was sent.
+    execution_id: Option<Arc<str>>,
+    /// Dropped with the stream when the client goes away; disarmed once the answer is sent.
+    guard: Option<DropGuard>,
+}
+
+impl EventStream {
+    fn into_stream(self) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+        futures_util::stream::unfold(self, |mut state| async move {
+            // Ended once the answer was sent.
+            state.guard.as_ref()?;
+            let event = tokio::select! {
+                biased;
+                Some(event) = state.events.recv() => state.runtime_event(event),
+                outcome = &mut state.outcome => {
+                    let outcome = outcome.ok()?;
+                    state.completed(&outcome)
+                }
+            };
+            Some((Ok(event), state))
+        })
+    }
+
+    fn runtime_event(&mut self, event: Event) -> SseEvent {
+        match event {
+            Event::Started { execution_id, tool } => {
+                let data = json!({ "execution_id": &*execution_id, "tool": tool });
+                self.execution_id = Some(execution_id);
+                self.event("execution.started", &data.to_string())
+            }
+            Event::Progress(progress) => {
+                let data = ProgressData {
+                    execution_id: self.execution_id.as_deref(),
+                    progress: progress.progress,
+                    total: progress.total,
+                    message: progress.message.as_deref(),
+                };
+                let data = serde_json::to_string(&data).expect("progress serializes");
+                self.event("tool.progress", &data)
+            }
+        }
+    }
+
+    /// The last event: queued progress was sent first, since the select is biased to events.
+    fn completed(&mut self, outcome: &Outcome) -> SseEvent {
+        if let Some(guard) = self.guard.take() {
+            guard.disarm();
+        }
+        let data = response::with_replayed(&outcome.response.body, outcome.replayed);
+        self.event("execution.completed", &data)
+    }
+
+    fn event(&mut self, name: &str, data: &str) -> SseEvent {
+        let id = self.next_id;
+        self.next_id += 1;
+        SseEvent::default()
+            .event(name)
+            .id(id.to_string())
+            .data(data)
+    }
+}

@@ -1,0 +1,272 @@
+//! The default store: in memory, bounded, sharded.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{
+    Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoreError, StoredResponse,
+};
+
+/// Records kept by default before the oldest finished ones are evicted.
+const DEFAULT_CAPACITY: usize = 100_000;
+/// Shards hold about this many records each, so a lock covers a small map.
+const RECORDS_PER_SHARD: usize = 4_096;
+const MAX_SHARDS: usize = 64;
+
+/// Idempotency records in this process's memory: zero setup, lost on restart, private to one
+/// replica (use a shared store when running several).
+///
+/// Bounded: when full it evicts the oldest finished records first and never a running one;
+/// when only running ones remain, a new reservation is refused (`IDEMPOTENCY_CAPACITY`).
+/// Records live in independently locked shards, so concurrent calls rarely contend.
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    shard_capacity: usize,
+    hasher: RandomState,
+}
+
+#[derive(Default)]
+struct Shard {
+    records: HashMap<IdempotencyKey, Record>,
+    /// Finished records, oldest first, as (key, generation); entries whose record has since
+    /// changed are skipped.
+    finished: VecDeque<(IdempotencyKey, u64)>,
+    next_generation: u64,
+}
+
+struct Record {
+    fingerprint: Fingerprint,
+    state: State,
+    expires_at: Instant,
+    generation: u64,
+}
+
+enum State {
+    /// Dropping the sender wakes the duplicates waiting for this execution.
+    Running {
+        _changed: watch::Sender<()>,
+    },
+    Finished(StoredResponse),
+    Uncertain {
+        execution_id: Arc<str>,
+    },
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shards.len())
+            .field("capacity", &self.capacity())
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl MemoryStore {
+    /// A store that keeps up to 100,000 records.
+    pub fn new() -> Self {
+        Self::with_capacity(DEFAULT_CAPACITY)
+    }
+
+    /// A store that keeps up to about `capacity` records (at least one).
+    pub fn with_capacity(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        let shard_count = capacity.div_ceil(RECORDS_PER_SHARD).clamp(1, MAX_SHARDS);
+        MemoryStore {
+            shards: (0..shard_count).map(|_| Mutex::default()).collect(),
+            shard_capacity: capacity.div_ceil(shard_count),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// How many records the store keeps at most.
+    pub fn capacity(&self) -> usize {
+        self.shard_capacity * self.shards.len()
+    }
+
+    /// How many records it holds now (running, finished and uncertain).
+    pub fn len(&self) -> usize {
+        (0..self.shards.len())
+            .map(|index| self.lock(index).records.len())
+            .sum()
+    }
+
+    /// Whether it holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, key: &IdempotencyKey) -> MutexGuard<'_, Shard> {
+        let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
+        self.lock(index)
+    }
+
+    fn lock(&self, index: usize) -> MutexGuard<'_, Shard> {
+        // No code panics while holding a shard lock; recover the data if it ever happens.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Shard {
+    fn reserve(
+        &mut self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        capacity: usize,
+        now: Instant,
+        ttl: Duration,
+    ) -> Reservation {
+        if let Some(record) = self.records.get(key) {
+            if record.expires_at > now {
+                if record.fingerprint != *fingerprint {
+                    return Reservation::Conflict {
+                        tool: record.fingerprint.tool.clone(),
+                    };
+                }
+                return match &record.state {
+                    State::Running { _changed } => {
+                        let mut changed = _changed.subscribe();
+                        Reservation::Running {
+                            changed: Box::pin(async move {
+                                // Resolves when the sender is dropped: the record changed.
+                                let _ = changed.changed().await;
+                            }),
+                        }
+                    }
+                    State::Finished(response) => Reservation::Finished(response.clone()),
+                    State::Uncertain { execution_id } => Reservation::Uncertain {
+                        execution_id: execution_id.clone(),
+                    },
+                };
+            }
+            self.records.remove(key);
+        }
+        if self.records.len() >= capacity && !self.make_room(capacity, now) {
+            return Reservation::Full;
+        }
+        let generation = self.next_generation();
+        self.records.insert(
+            key.clone(),
+            Record {
+                fingerprint: fingerprint.clone(),
+                state: State::Running {
+                    _changed: watch::channel(()).0,
+                },
+                expires_at: now + ttl,
+                generation,
+            },
+        );
+        Reservation::Reserved
+    }
+
+    fn finish(&mut self, key: &IdempotencyKey, finish: Finish, now: Instant, ttl: Duration) {
+        let generation = self.next_generation();
+        let Some(record) = self.records.get_mut(key) else {
+            return;
+        };
+        record.state = match finish {
+            Finish::Response(response) => State::Finished(response),
+            Finish::Uncertain { execution_id } => State::Uncertain { execution_id },
+        };
+        record.expires_at = now + ttl;
+        record.generation = generation;
+        self.finished.push_back((key.clone(), generation));
+        if self.finished.len() > 2 * self.records.len().max(16) {
+            self.compact_finished();
+        }
+    }
+
+    /// Frees one slot: expired records first, then the oldest finished one.
+    fn make_room(&mut self, capacity: usize, now: Instant) -> bool {
+        while let Some((key, generation)) = self.finished.pop_front() {
+            let current = self
+                .records
+                .get(&key)
+                .is_some_and(|record| record.generation == generation);
+            if current {
+                self.records.remove(&key);
+                if self.records.len() < capacity {
+                    return true;
+                }
+            }
+        }
+        // Only running records remain; drop those that outlived their ttl.
+        self.records.retain(|_, record| record.expires_at > now);
+        self.records.len() < capacity
+    }
+
+    fn purge_expired(&mut self, now: Instant) -> usize {
+        let before = self.records.len();
+        self.records.retain(|_, record| record.expires_at > now);
+        self.compact_finished();
+        before - self.records.len()
+    }
+
+    /// Drops queue entries whose record has changed or gone.
+    fn compact_finished(&mut self) {
+        let records = &self.records;
+        self.finished.retain(|(key, generation)| {
+            records
+                .get(key)
+                .is_some_and(|record| record.generation == *generation)
+        });
+    }
+
+    fn next_generation(&mut self) -> u64 {
+        self.next_generation += 1;
+        self.next_generation
+    }
+}
+
+impl IdempotencyStore for MemoryStore {
+    fn reserve<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        fingerprint: &'a Fingerprint,
+        _execution_id: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
+        let reservation =
+            self.shard(key)
+                .reserve(key, fingerprint, self.shard_capacity, Instant::now(), ttl);
+        Box::pin(std::future::ready(Ok(reservation)))
+    }
+
+    fn finish<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        finish: Finish,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.shard(key).finish(key, finish, Instant::now(), ttl);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn release<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.shard(key).records.remove(key);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
+        let now = Instant::now();
+        let purged = (0..self.shards.len())
+            .map(|index| self.lock(index).purge_expired(now))
+            .sum();
+        Box::pin(std::future::ready(Ok(purged)))
+    }
+}

@@ -1,0 +1,195 @@
+//! Idempotency records: how a retried call with the same `request_id` gets the first call's
+//! answer instead of running twice (`protocol.md` §4, the idempotency table).
+//!
+//! The runtime drives an [`IdempotencyStore`]; it is designed for shared engines: every
+//! transition is one atomic operation on one key, and a duplicate that finds the key running
+//! either waits on a notification (in-process stores) or polls.
+
+mod memory;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+
+pub use memory::MemoryStore;
+
+use crate::tool_error::Category;
+
+/// Who asked and with which `request_id`: records are kept per caller.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey {
+    caller: Arc<str>,
+    request_id: Arc<str>,
+}
+
+impl IdempotencyKey {
+    /// The key of `request_id` sent by the caller `caller` (a principal id).
+    pub fn new(caller: impl Into<Arc<str>>, request_id: impl Into<Arc<str>>) -> Self {
+        IdempotencyKey {
+            caller: caller.into(),
+            request_id: request_id.into(),
+        }
+    }
+
+    /// The caller's principal id.
+    pub fn caller(&self) -> &str {
+        &self.caller
+    }
+
+    /// The client's `request_id`.
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.caller, self.request_id)
+    }
+}
+
+/// What a call was: the tool and a digest of its canonical arguments. A retry with the same
+/// key must have the same fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Fingerprint {
+    /// The tool's name (reported when a key is reused for another call).
+    pub tool: Arc<str>,
+    /// SHA-256 of the tool name and the canonical arguments.
+    pub digest: [u8; 32],
+}
+
+/// How an execution ended, as far as the transport needs to answer it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExecutionStatus {
+    /// The tool returned its output.
+    Completed,
+    /// The call failed (before or while running).
+    Failed,
+    /// The execution was cancelled.
+    Cancelled,
+    /// The execution ran past its deadline.
+    TimedOut,
+}
+
+impl ExecutionStatus {
+    /// The wire name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ExecutionStatus::Completed => "completed",
+            ExecutionStatus::Failed => "failed",
+            ExecutionStatus::Cancelled => "cancelled",
+            ExecutionStatus::TimedOut => "timed_out",
+        }
+    }
+}
+
+/// A finished execution's answer, kept so a retry gets it byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The execution's id (also inside `body`).
+    pub execution_id: Arc<str>,
+    /// How it ended.
+    pub status: ExecutionStatus,
+    /// The error's category when it failed (decides the HTTP status).
+    pub category: Option<Category>,
+    /// The error's code when it failed.
+    pub code: Option<Arc<str>>,
+    /// The complete response body.
+    pub body: Bytes,
+}
+
+/// What [`IdempotencyStore::reserve`] found.
+pub enum Reservation {
+    /// The key was free and is now held by this execution: run the tool, then
+    /// [`IdempotencyStore::finish`] or [`IdempotencyStore::release`].
+    Reserved,
+    /// The same call already finished: answer with its response.
+    Finished(StoredResponse),
+    /// The same call is running elsewhere: wait on `changed`, then reserve again.
+    Running {
+        /// Resolves when the record may have changed (a notification or a poll interval).
+        changed: BoxFuture<'static, ()>,
+    },
+    /// The key was used for a different call.
+    Conflict {
+        /// The tool of the recorded call.
+        tool: Arc<str>,
+    },
+    /// An earlier execution with this key may or may not have taken effect.
+    Uncertain {
+        /// That execution's id.
+        execution_id: Arc<str>,
+    },
+    /// The store is full of running executions.
+    Full,
+}
+
+impl fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reservation::Reserved => f.write_str("Reserved"),
+            Reservation::Finished(response) => f.debug_tuple("Finished").field(response).finish(),
+            Reservation::Running { .. } => f.write_str("Running"),
+            Reservation::Conflict { tool } => {
+                f.debug_struct("Conflict").field("tool", tool).finish()
+            }
+            Reservation::Uncertain { execution_id } => f
+                .debug_struct("Uncertain")
+                .field("execution_id", execution_id)
+                .finish(),
+            Reservation::Full => f.write_str("Full"),
+        }
+    }
+}
+
+/// How a reserved execution ended, for [`IdempotencyStore::finish`].
+#[derive(Debug, Clone)]
+pub enum Finish {
+    /// Keep the response: retries replay it.
+    Response(StoredResponse),
+    /// A non-idempotent write was interrupted: retries get `EXECUTION_UNCERTAIN`.
+    Uncertain {
+        /// The interrupted execution's id.
+        execution_id: Arc<str>,
+    },
+}
+
+/// A store failed (connection lost, timeout). Answered as a retryable `503`, never by running
+/// the tool without a record.
+#[derive(Debug, thiserror::Error)]
+#[error("idempotency store error: {0}")]
+pub struct StoreError(pub Box<dyn std::error::Error + Send + Sync>);
+
+/// Where idempotency records live: in memory ([`MemoryStore`], the default) or in a shared
+/// engine so that replicas see each other's records.
+///
+/// Every method acts atomically on one key.
+pub trait IdempotencyStore: Send + Sync + 'static {
+    /// Claims `key` for a new execution of `fingerprint`, or reports what holds it. Records
+    /// older than `ttl` count as absent.
+    fn reserve<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        fingerprint: &'a Fingerprint,
+        execution_id: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Reservation, StoreError>>;
+
+    /// Records how the execution that reserved `key` ended; the record expires `ttl` later.
+    fn finish<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        finish: Finish,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Frees `key`: nothing is kept, a retry runs again. Also how a host clears an uncertain
+    /// record once it has checked what happened.
+    fn release<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Drops expired records; returns how many. Stores also expire records on their own.
+    fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>>;
+}

@@ -1,0 +1,90 @@
+//! Fingerprints of calls: the tool and its arguments in canonical form (object keys sorted),
+//! hashed so a retry with reordered keys is the same call.
+
+use std::io::{self, Write};
+use std::sync::Arc;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::idempotency::Fingerprint;
+
+pub(crate) fn fingerprint(tool: &'static str, arguments: &Value) -> Fingerprint {
+    let mut hasher = Sha256::new();
+    hasher.update(tool.as_bytes());
+    hasher.update([0]);
+    write_canonical(&mut HashWriter(&mut hasher), arguments).expect("hashing never fails to write");
+    Fingerprint {
+        tool: Arc::from(tool),
+        digest: hasher.finalize().into(),
+    }
+}
+
+/// Writes `value` as JSON with object keys in sorted order, whatever the map's own order.
+fn write_canonical(out: &mut impl Write, value: &Value) -> io::Result<()> {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.write_all(b"{")?;
+            for (index, (key, value)) in entries.into_iter().enumerate() {
+                if index > 0 {
+                    out.write_all(b",")?;
+                }
+                serde_json::to_writer(&mut *out, key)?;
+                out.write_all(b":")?;
+                write_canonical(out, value)?;
+            }
+            out.write_all(b"}")
+        }
+        Value::Array(items) => {
+            out.write_all(b"[")?;
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.write_all(b",")?;
+                }
+                write_canonical(out, item)?;
+            }
+            out.write_all(b"]")
+        }
+        scalar => serde_json::to_writer(out, scalar).map_err(io::Error::other),
+    }
+}
+
+struct HashWriter<'a>(&'a mut Sha256);
+
+impl Write for HashWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn key_order_does_not_matter_but_values_do() {
+        let a = fingerprint("t", &json!({ "a": 1, "b": { "x": [1, 2], "y": null } }));
+        let b = fingerprint("t", &json!({ "b": { "y": null, "x": [1, 2] }, "a": 1 }));
+        assert_eq!(a, b);
+        assert_ne!(
+            a,
+            fingerprint("t", &json!({ "a": 2, "b": { "x": [1, 2], "y": null } }))
+        );
+        assert_ne!(
+            a,
+            fingerprint("u", &json!({ "a": 1, "b": { "x": [1, 2], "y": null } }))
+        );
+        assert_ne!(
+            fingerprint("t", &json!({ "x": [1, 2] })),
+            fingerprint("t", &json!({ "x": [2, 1] }))
+        );
+    }
+}

@@ -1,0 +1,143 @@
+//! An in-process client for tool authors: call a tool by name, through the same pipeline as
+//! HTTP (validation, confirmation, idempotency, deadlines), so a tool's tests sit next to it.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use carmy::testing::Client;
+//! use serde_json::json;
+//!
+//! /// Adds one.
+//! #[carmy::tool(effect = "none", register = false)]
+//! async fn increment(input: Number) -> Result<Number, carmy::ToolError> {
+//!     Ok(Number { value: input.value + 1 })
+//! }
+//!
+//! #[derive(serde::Deserialize, serde::Serialize, carmy::JsonSchema)]
+//! struct Number { value: i64 }
+//!
+//! let client = Client::new(carmy::App::new().tool(increment::TOOL)).unwrap();
+//! let answer = client.call("increment", json!({ "value": 41 })).await;
+//! assert_eq!(answer.data(), &json!({ "value": 42 }));
+//! # }
+//! ```
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::App;
+use crate::context::Principal;
+use crate::error::Error;
+use crate::idempotency::ExecutionStatus;
+use crate::runtime::{self, Call, Runtime};
+
+/// Calls an app's tools in-process.
+#[derive(Debug, Clone)]
+pub struct Client {
+    runtime: Arc<Runtime>,
+}
+
+impl Client {
+    /// Builds `app` (with the same checks as [`App::router`]).
+    pub fn new(app: App) -> Result<Self, Error> {
+        let (_, runtime) = app.build()?;
+        Ok(Client { runtime })
+    }
+
+    /// Prepares a call of `tool`; `.await` it, optionally after setting a request id or the
+    /// caller.
+    pub fn call(&self, tool: &str, arguments: Value) -> PendingCall<'_> {
+        PendingCall {
+            client: self,
+            tool: tool.to_owned(),
+            arguments,
+            request_id: None,
+            principal: Principal::anonymous(),
+        }
+    }
+}
+
+/// A call being prepared; `.await` runs it.
+#[must_use = "a call does nothing until awaited"]
+#[derive(Debug)]
+pub struct PendingCall<'a> {
+    client: &'a Client,
+    tool: String,
+    arguments: Value,
+    request_id: Option<String>,
+    principal: Principal,
+}
+
+impl PendingCall<'_> {
+    /// Sends a `request_id`, as a client that may retry does.
+    pub fn request_id(mut self, request_id: impl Into<String>) -> Self {
+        self.request_id = Some(request_id.into());
+        self
+    }
+
+    /// Calls as `principal` instead of the anonymous caller.
+    pub fn principal(mut self, principal: Principal) -> Self {
+        self.principal = principal;
+        self
+    }
+}
+
+impl<'a> IntoFuture for PendingCall<'a> {
+    type Output = Response;
+    type IntoFuture = Pin<Box<dyn Future<Output = Response> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            if let Some(Err(error)) = self.request_id.as_deref().map(runtime::check_request_id) {
+                return Response {
+                    status: ExecutionStatus::Failed,
+                    body: serde_json::json!({ "error": error }),
+                    replayed: false,
+                };
+            }
+            let call = Call {
+                tool: self.tool,
+                arguments: self.arguments,
+                request_id: self.request_id,
+                principal: self.principal,
+            };
+            let outcome = self
+                .client
+                .runtime
+                .execute(call, CancellationToken::new(), None)
+                .await;
+            Response {
+                status: outcome.response.status,
+                body: serde_json::from_slice(&outcome.response.body)
+                    .expect("execution bodies are JSON"),
+                replayed: outcome.replayed,
+            }
+        })
+    }
+}
+
+/// The answer to a call: the body an HTTP client would get, parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    /// How the execution ended.
+    pub status: ExecutionStatus,
+    /// The whole response body (`execution_id`, `status`, `data` or `error`, `_agent`).
+    pub body: Value,
+    /// Whether this is a recorded answer replayed for a repeated `request_id`.
+    pub replayed: bool,
+}
+
+impl Response {
+    /// The tool's output (`null` unless the call completed).
+    pub fn data(&self) -> &Value {
+        &self.body["data"]
+    }
+
+    /// The error code, when the call did not complete.
+    pub fn error_code(&self) -> Option<&str> {
+        self.body["error"]["code"].as_str()
+    }
+}
