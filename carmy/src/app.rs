@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::auth::Authenticator;
 use crate::catalog::Catalog;
 use crate::error::Error;
 use crate::http::{self, HttpSettings};
@@ -43,6 +44,7 @@ impl std::fmt::Debug for App {
             .field("name", &self.name)
             .field("tools", &self.tools.len())
             .field("settings", &self.settings)
+            .field("authenticator", &self.http.authenticator.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -113,6 +115,13 @@ impl App {
     /// How long idempotency records are kept (default 24 h).
     pub fn idempotency_ttl(mut self, ttl: Duration) -> Self {
         self.settings.record_ttl = ttl;
+        self
+    }
+
+    /// Decides who is calling from the request head (when host middleware has not inserted a
+    /// [`Principal`](crate::Principal)). Without one, callers are anonymous.
+    pub fn authenticator(mut self, authenticator: impl Authenticator) -> Self {
+        self.http.authenticator = Some(Arc::new(authenticator));
         self
     }
 

@@ -1,6 +1,7 @@
 #![doc = include_str!("../../README.md")]
 
 mod app;
+pub mod auth;
 mod catalog;
 mod context;
 mod error;

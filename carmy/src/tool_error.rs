@@ -65,6 +65,7 @@ pub(crate) mod codes {
     pub(crate) const CANCELLED: &str = "CANCELLED";
     pub(crate) const TOOL_PANIC: &str = "TOOL_PANIC";
     pub(crate) const OVERLOADED: &str = "OVERLOADED";
+    pub(crate) const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
 }
 
 /// An error a tool returns, or the runtime produces, as agents see it.

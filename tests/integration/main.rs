@@ -1,6 +1,7 @@
 //! Black-box tests of carmy through its public surface: the router in-process
 //! (`tower::ServiceExt::oneshot`) and over real loopback sockets. One binary, a module per topic.
 
+mod auth;
 mod builder;
 mod catalog;
 mod disconnect;
@@ -16,3 +17,4 @@ mod store_contract;
 mod streaming;
 mod testing_client;
 mod tools;
+mod tracing_span;

@@ -1,6 +1,6 @@
 //! The JSON error envelope: how a [`ToolError`] becomes an HTTP response.
 
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -9,6 +9,7 @@ use crate::tool_error::{Category, ToolError, codes, retry_after_secs};
 
 static JSON: HeaderValue = HeaderValue::from_static("application/json");
 static NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
+static CHALLENGE: HeaderValue = HeaderValue::from_static("Bearer realm=\"carmy\"");
 
 /// The status an error is answered with: the category's, except for codes HTTP has a more
 /// precise status for.
@@ -21,6 +22,7 @@ pub(crate) fn status_for(category: Option<Category>, code: Option<&str>) -> Stat
     match code {
         Some(codes::PAYLOAD_TOO_LARGE) => return StatusCode::PAYLOAD_TOO_LARGE,
         Some(codes::METHOD_NOT_ALLOWED) => return StatusCode::METHOD_NOT_ALLOWED,
+        Some(codes::UNAUTHENTICATED) => return StatusCode::UNAUTHORIZED,
         _ => {}
     }
     let Some(category) = category else {
@@ -61,6 +63,9 @@ impl IntoResponse for ToolError {
         headers.insert(CACHE_CONTROL, NO_STORE.clone());
         if let Some(retry_after) = retry_after_header(&self) {
             headers.insert(RETRY_AFTER, retry_after);
+        }
+        if self.code() == codes::UNAUTHENTICATED {
+            headers.insert(WWW_AUTHENTICATE, CHALLENGE.clone());
         }
         if let Some(source) = self.source() {
             tracing::warn!(code = self.code(), error = %source, "request rejected");

@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::error::status_for;
+use crate::auth::{self, Authenticator};
 use crate::context::Principal;
 use crate::runtime::{self, Call, Event, Outcome, Runtime, response};
 use crate::tool_error::{ToolError, codes, retry_after_secs};
@@ -33,9 +34,10 @@ static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 static CARMY_REPLAYED: HeaderName = HeaderName::from_static("carmy-replayed");
 
 /// What the execute endpoint needs besides the runtime.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct ExecuteState {
     pub(crate) runtime: Arc<Runtime>,
+    pub(crate) authenticator: Option<Arc<dyn Authenticator>>,
     pub(crate) keep_alive: Duration,
 }
 
@@ -55,17 +57,13 @@ fn empty_object() -> Value {
 
 pub(crate) async fn execute(State(state): State<ExecuteState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let call = match read_call(&parts.headers, body).await {
-        Ok(call) => call,
+    let principal = match auth::principal_of(&parts, state.authenticator.as_deref()).await {
+        Ok(principal) => principal,
         Err(error) => return error.into_response(),
     };
-    let call = Call {
-        principal: parts
-            .extensions
-            .get::<Principal>()
-            .cloned()
-            .unwrap_or_default(),
-        ..call
+    let call = match read_call(&parts.headers, body, principal).await {
+        Ok(call) => call,
+        Err(error) => return error.into_response(),
     };
     // Cancels the execution if this future or the stream is dropped: the client went away.
     let cancel = CancellationToken::new();
@@ -79,7 +77,11 @@ pub(crate) async fn execute(State(state): State<ExecuteState>, request: Request)
 }
 
 /// Checks the content type, reads at most [`MAX_BODY_BYTES`], and parses the request.
-async fn read_call(headers: &HeaderMap, body: Body) -> Result<Call, ToolError> {
+async fn read_call(
+    headers: &HeaderMap,
+    body: Body,
+    principal: Principal,
+) -> Result<Call, ToolError> {
     let is_json = headers
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
@@ -129,7 +131,7 @@ async fn read_call(headers: &HeaderMap, body: Body) -> Result<Call, ToolError> {
         tool: body.tool,
         arguments: body.arguments,
         request_id,
-        principal: Principal::anonymous(),
+        principal,
     })
 }
 

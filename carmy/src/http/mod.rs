@@ -11,14 +11,17 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 
+use crate::auth::Authenticator;
 use crate::runtime::Runtime;
 use crate::tool_error::{ToolError, codes};
 
 pub(crate) use documents::Documents;
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct HttpSettings {
+    /// Decides who is calling when host middleware did not.
+    pub(crate) authenticator: Option<Arc<dyn Authenticator>>,
     /// How often an SSE stream sends a keep-alive comment while the tool is quiet.
     pub(crate) keep_alive: Duration,
 }
@@ -26,6 +29,7 @@ pub(crate) struct HttpSettings {
 impl Default for HttpSettings {
     fn default() -> Self {
         HttpSettings {
+            authenticator: None,
             keep_alive: Duration::from_secs(15),
         }
     }
@@ -42,6 +46,7 @@ pub(crate) fn router(name: &str, runtime: Arc<Runtime>, settings: &HttpSettings)
         .route(documents::EXECUTE_PATH, post(execute::execute))
         .with_state(execute::ExecuteState {
             runtime,
+            authenticator: settings.authenticator.clone(),
             keep_alive: settings.keep_alive,
         });
     documents
