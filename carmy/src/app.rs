@@ -4,6 +4,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
+
 use crate::auth::Authenticator;
 use crate::catalog::Catalog;
 use crate::error::Error;
@@ -162,6 +164,13 @@ impl App {
         let grace = self.shutdown_grace;
         let (router, runtime) = self.build()?;
         tracing::info!(addr = %listener.local_addr()?, "serving carmy/1");
+        // Events of a stream are small writes: without TCP_NODELAY, Nagle's algorithm holds
+        // each one back until the previous is acknowledged.
+        let listener = listener.tap_io(|connection| {
+            if let Err(error) = connection.set_nodelay(true) {
+                tracing::warn!(%error, "could not set TCP_NODELAY");
+            }
+        });
         let canceller = Arc::clone(&runtime);
         let signal = async move {
             shutdown.await;

@@ -113,7 +113,7 @@ pub struct Context {
 }
 
 struct ContextInner {
-    execution_id: String,
+    execution_id: Arc<str>,
     request_id: Option<String>,
     principal: Principal,
     cancellation: CancellationToken,
@@ -122,7 +122,7 @@ struct ContextInner {
 
 impl Context {
     pub(crate) fn new(
-        execution_id: String,
+        execution_id: Arc<str>,
         request_id: Option<String>,
         principal: Principal,
         cancellation: CancellationToken,

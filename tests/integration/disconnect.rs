@@ -72,3 +72,14 @@ async fn a_stream_client_that_disconnects_cancels_the_read_which_may_run_again()
     assert!(again.header("carmy-replayed").is_none());
     assert_eq!(probe.runs(), 3);
 }
+
+#[tokio::test]
+async fn a_call_without_request_id_is_cancelled_too_and_records_nothing() {
+    let probe = Probe::default();
+    let server = Server::start(tools::app(&probe).router().unwrap()).await;
+    let call = json!({ "tool": "slow_write", "arguments": { "millis": 1500 } });
+    disconnect_mid_call(&server, &probe, &call, false).await;
+    let again = server.send(execute_request(&call, &[])).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(probe.runs(), 2);
+}

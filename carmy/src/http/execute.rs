@@ -73,7 +73,7 @@ pub(crate) async fn execute(State(state): State<ExecuteState>, request: Request)
     }
     let outcome = state.runtime.execute(call, cancel, None).await;
     guard.disarm();
-    json_response(&outcome)
+    json_response(outcome)
 }
 
 /// Checks the content type, reads at most [`MAX_BODY_BYTES`], and parses the request.
@@ -158,20 +158,21 @@ fn wants_event_stream(headers: &HeaderMap) -> bool {
         })
 }
 
-fn json_response(outcome: &Outcome) -> Response {
-    let response = &outcome.response;
-    let mut answer = (
-        status_for(response.category, response.code.as_deref()),
-        response.body.clone(),
-    )
-        .into_response();
+fn json_response(outcome: Outcome) -> Response {
+    let Outcome {
+        response,
+        replayed,
+        retry_after,
+    } = outcome;
+    let status = status_for(response.category, response.code.as_deref());
+    let mut answer = (status, response.body).into_response();
     let headers = answer.headers_mut();
     headers.insert(CONTENT_TYPE, JSON.clone());
     headers.insert(CACHE_CONTROL, NO_STORE.clone());
-    if let Some(after) = outcome.retry_after {
+    if let Some(after) = retry_after {
         headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
     }
-    if outcome.replayed {
+    if replayed {
         headers.insert(CARMY_REPLAYED.clone(), TRUE.clone());
     }
     answer

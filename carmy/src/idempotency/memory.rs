@@ -16,8 +16,9 @@ use super::{
 
 /// Records kept by default before the oldest finished ones are evicted.
 const DEFAULT_CAPACITY: usize = 100_000;
-/// Shards hold about this many records each, so a lock covers a small map.
-const RECORDS_PER_SHARD: usize = 4_096;
+/// Shards hold at most this many records, so a lock covers a small map: 7/8 of 4,096, the most
+/// a hash table of 4,096 buckets holds before it doubles.
+const RECORDS_PER_SHARD: usize = 3_584;
 const MAX_SHARDS: usize = 64;
 
 /// Idempotency records in this process's memory: zero setup, lost on restart, private to one
@@ -42,7 +43,11 @@ struct Shard {
 }
 
 struct Record {
-    fingerprint: Fingerprint,
+    /// The recorded call's tool, reported on a conflict.
+    tool: Arc<str>,
+    /// The first half of the fingerprint's SHA-256: 128 bits tell calls apart as surely, and
+    /// 16 bytes less per record keeps 100,000 records within 64 MiB.
+    digest: [u8; 16],
     state: State,
     expires_at: Instant,
     generation: u64,
@@ -81,13 +86,23 @@ impl MemoryStore {
         Self::with_capacity(DEFAULT_CAPACITY)
     }
 
-    /// A store that keeps up to about `capacity` records (at least one).
+    /// A store that keeps up to about `capacity` records (at least one). The capacity is split
+    /// evenly among the shards, so eviction can start in a busy shard a little before the whole
+    /// store is full.
     pub fn with_capacity(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         let shard_count = capacity.div_ceil(RECORDS_PER_SHARD).clamp(1, MAX_SHARDS);
+        let shard_capacity = capacity.div_ceil(shard_count);
         MemoryStore {
-            shards: (0..shard_count).map(|_| Mutex::default()).collect(),
-            shard_capacity: capacity.div_ceil(shard_count),
+            shards: (0..shard_count)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        records: HashMap::with_capacity(shard_capacity),
+                        ..Shard::default()
+                    })
+                })
+                .collect(),
+            shard_capacity,
             hasher: RandomState::new(),
         }
     }
@@ -133,9 +148,9 @@ impl Shard {
     ) -> Reservation {
         if let Some(record) = self.records.get(key) {
             if record.expires_at > now {
-                if record.fingerprint != *fingerprint {
+                if record.tool != fingerprint.tool || record.digest != short_digest(fingerprint) {
                     return Reservation::Conflict {
-                        tool: record.fingerprint.tool.clone(),
+                        tool: record.tool.clone(),
                     };
                 }
                 return match &record.state {
@@ -163,7 +178,8 @@ impl Shard {
         self.records.insert(
             key.clone(),
             Record {
-                fingerprint: fingerprint.clone(),
+                tool: fingerprint.tool.clone(),
+                digest: short_digest(fingerprint),
                 state: State::Running {
                     _changed: watch::channel(()).0,
                 },
@@ -231,6 +247,12 @@ impl Shard {
         self.next_generation += 1;
         self.next_generation
     }
+}
+
+fn short_digest(fingerprint: &Fingerprint) -> [u8; 16] {
+    let mut digest = [0; 16];
+    digest.copy_from_slice(&fingerprint.digest[..16]);
+    digest
 }
 
 impl IdempotencyStore for MemoryStore {

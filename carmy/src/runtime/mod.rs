@@ -128,6 +128,13 @@ struct Prepared {
     deadline: Instant,
 }
 
+/// A call refused before it could run, with what the suggestions need.
+struct Rejected {
+    error: ToolError,
+    tool: String,
+    arguments: Value,
+}
+
 /// How running the tool ended.
 enum Ran {
     Output(crate::tool::Output),
@@ -198,30 +205,22 @@ impl Runtime {
             error_code = tracing::field::Empty,
         );
         let started = Instant::now();
-        let tool_name = call.tool.clone();
         let outcome = match self.prepare(call, execution_id.clone()) {
-            Err((error, arguments)) => {
+            Err(rejected) => {
                 let _entered = span.enter();
-                emit_started(events.as_ref(), &execution_id, &tool_name);
-                let next_actions = match error.code() {
-                    codes::CONFIRMATION_REQUIRED => vec![NextAction {
-                        tool: &tool_name,
-                        arguments: Some(&arguments),
-                        reason: format!(
-                            "needs the user's confirmation: ask the user, and call again once \
-                             the host has granted `confirm:{tool_name}`"
-                        ),
-                        after_ms: None,
-                    }],
-                    _ => Vec::new(),
-                };
-                answer_error(
-                    &execution_id,
-                    ExecutionStatus::Failed,
-                    &error,
-                    &next_actions,
-                )
+                self.answer_rejection(&execution_id, &rejected, events.as_ref())
             }
+            // Without a request_id nothing is recorded, so the execution can run in this
+            // future: if the client goes away, dropping it cancels the tool.
+            Ok(prepared) if prepared.idempotency.is_none() => {
+                span.record("effect", prepared.tool.effect.as_str());
+                Arc::clone(self)
+                    .run(prepared, cancel, events)
+                    .instrument(span.clone())
+                    .await
+            }
+            // With one, the execution runs in its own task so its outcome is recorded even if
+            // the client goes away.
             Ok(prepared) => {
                 span.record("effect", prepared.tool.effect.as_str());
                 let runtime = Arc::clone(self);
@@ -246,7 +245,7 @@ impl Runtime {
 
     /// The checks that need no record: resolve, gate, validate. On failure, returns the error
     /// and the arguments (for the suggestions).
-    fn prepare(&self, call: Call, execution_id: Arc<str>) -> Result<Prepared, (ToolError, Value)> {
+    fn prepare(&self, call: Call, execution_id: Arc<str>) -> Result<Prepared, Rejected> {
         let Call {
             tool,
             arguments,
@@ -257,7 +256,11 @@ impl Runtime {
             let error =
                 ToolError::not_found(codes::TOOL_NOT_FOUND, format!("no tool named `{tool}`"))
                     .details(json!({ "tool": tool }));
-            return Err((error, arguments));
+            return Err(Rejected {
+                error,
+                tool,
+                arguments,
+            });
         };
         let descriptor = entry.descriptor;
         if descriptor.confirmation == Confirmation::Required
@@ -269,24 +272,33 @@ impl Runtime {
             )
             .recoverable(true)
             .details(json!({ "permission": format!("confirm:{}", descriptor.name) }));
-            return Err((error, arguments));
+            return Err(Rejected {
+                error,
+                tool,
+                arguments,
+            });
         }
-        let violations: Vec<Violation> = entry
-            .validator
-            .iter_errors(&arguments)
-            .map(|violation| Violation {
-                path: violation.instance_path().to_string(),
-                keyword: violation.kind().keyword().to_owned(),
-                message: violation.to_string(),
-            })
-            .collect();
-        if !violations.is_empty() {
+        // The fast check first; the detailed walk only for arguments that fail it.
+        if !entry.validator.is_valid(&arguments) {
+            let violations: Vec<Violation> = entry
+                .validator
+                .iter_errors(&arguments)
+                .map(|violation| Violation {
+                    path: violation.instance_path().to_string(),
+                    keyword: violation.kind().keyword().to_owned(),
+                    message: violation.to_string(),
+                })
+                .collect();
             let error = ToolError::validation(
                 codes::INVALID_ARGUMENTS,
                 "arguments do not match the input schema",
             )
             .details(json!({ "errors": violations }));
-            return Err((error, arguments));
+            return Err(Rejected {
+                error,
+                tool,
+                arguments,
+            });
         }
         let idempotency = request_id.as_ref().map(|request_id| {
             (
@@ -421,8 +433,11 @@ impl Runtime {
         events: Option<&mpsc::UnboundedSender<Event>>,
     ) -> Ran {
         let token = self.shutdown.child_token();
+        // However this future ends (finished, or dropped with its client), whatever the tool
+        // handed to other tasks sees the cancellation.
+        let _cancel_on_exit = token.clone().drop_guard();
         let context = Context::new(
-            prepared.execution_id.to_string(),
+            prepared.execution_id.clone(),
             prepared.request_id.clone(),
             prepared.principal.clone(),
             token.clone(),
@@ -461,8 +476,6 @@ impl Runtime {
                 }
             },
         };
-        // Whatever the tool handed to other tasks stops now too.
-        token.cancel();
         ran
     }
 
@@ -535,11 +548,39 @@ impl Runtime {
                 execution_id: prepared.execution_id.clone(),
             };
             self.keep(prepared, finish).await;
-        } else {
+        } else if prepared.idempotency.is_some() {
             self.keep(prepared, Finish::Response(outcome.response.clone()))
                 .await;
         }
         outcome
+    }
+
+    /// The answer for a call refused before it could run.
+    fn answer_rejection(
+        &self,
+        execution_id: &Arc<str>,
+        rejected: &Rejected,
+        events: Option<&mpsc::UnboundedSender<Event>>,
+    ) -> Outcome {
+        let Rejected {
+            error,
+            tool,
+            arguments,
+        } = rejected;
+        emit_started(events, execution_id, tool);
+        let next_actions = match error.code() {
+            codes::CONFIRMATION_REQUIRED => vec![NextAction {
+                tool,
+                arguments: Some(arguments),
+                reason: format!(
+                    "needs the user's confirmation: ask the user, and call again once the host \
+                     has granted `confirm:{tool}`"
+                ),
+                after_ms: None,
+            }],
+            _ => Vec::new(),
+        };
+        answer_error(execution_id, ExecutionStatus::Failed, error, &next_actions)
     }
 
     /// The answer for a failure of `prepared`, with its suggestions.

@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Reproduces every figure of BENCHMARKS.md in one run.
+
+    python3 benches/run.py [--rounds 3] [--seconds 3] [--quick]
+
+End-to-end HTTP: each server pinned to CPU 0, wrk (1 thread, 64 connections) pinned to CPU 1,
+over loopback. Targets and scenarios are interleaved (A B C D, A B C D, ...) for several rounds
+and the medians reported, each as a ratio to the hand-written axum baseline of the same round.
+Then the in-process micro-benchmarks (divan) and the scale measurements.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+PEERS_TARGET = TARGET / "peers"
+LUA = ROOT / "benches" / "wrk" / "request.lua"
+CONNECTIONS = 64
+
+CREATE = '{"tool":"create_order","arguments":{"sku":"KB-01"}}'
+CREATE_FRESH = '{"tool":"create_order","arguments":{"sku":"KB-01"},"request_id":"{id}"}'
+CREATE_REPLAY = '{"tool":"create_order","arguments":{"sku":"KB-01"},"request_id":"replay-1"}'
+LIST = '{"tool":"list_products"}'
+JSON_HEADERS = "Content-Type: application/json"
+SSE_HEADERS = "Content-Type: application/json\nAccept: text/event-stream"
+
+
+def mcp_call(tool, arguments):
+    return json.dumps({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}}},
+    }, separators=(",", ":"))
+
+
+def mcp_headers(tool):
+    return ("Content-Type: application/json\nAccept: application/json, text/event-stream\n"
+            f"MCP-Protocol-Version: 2026-07-28\nMcp-Method: tools/call\nMcp-Name: {tool}")
+
+
+# scenario -> target -> (method, path, body, headers); a target absent from a scenario does not
+# serve it.
+def scenarios(etags):
+    execute = lambda body, headers=JSON_HEADERS: ("POST", "/agent/execute", body, headers)
+    return {
+        "execute create_order": {
+            "baseline": execute(CREATE), "carmy": execute(CREATE), "carmy 0.6": execute(CREATE),
+            "rmcp": ("POST", "/mcp", mcp_call("create_order", {"sku": "KB-01"}), mcp_headers("create_order")),
+        },
+        "execute list_products": {
+            "baseline": execute(LIST), "carmy": execute(LIST), "carmy 0.6": execute(LIST),
+            "rmcp": ("POST", "/mcp", mcp_call("list_products", {}), mcp_headers("list_products")),
+        },
+        "execute, fresh request_id": {
+            "baseline": execute(CREATE_FRESH), "carmy": execute(CREATE_FRESH), "carmy 0.6": execute(CREATE_FRESH),
+        },
+        "execute, replayed request_id": {
+            "baseline": execute(CREATE_REPLAY), "carmy": execute(CREATE_REPLAY), "carmy 0.6": execute(CREATE_REPLAY),
+        },
+        "execute as SSE": {
+            "baseline": execute(CREATE, SSE_HEADERS), "carmy": execute(CREATE, SSE_HEADERS),
+            "carmy 0.6": execute(CREATE, SSE_HEADERS),
+        },
+        "catalog 304": {
+            target: ("GET", "/agent/tools", None, f"If-None-Match: {etag}")
+            for target, etag in etags.items()
+        },
+        "catalog 200": {target: ("GET", "/agent/tools", None, "") for target in etags},
+    }
+
+
+SERVERS = {
+    "baseline": lambda: [str(TARGET / "release" / "baseline")],
+    "carmy": lambda: [str(TARGET / "release" / "shop")],
+    "carmy 0.6": lambda: [str(PEERS_TARGET / "release" / "carmy06")],
+    "rmcp": lambda: [str(PEERS_TARGET / "release" / "rmcp_shop")],
+}
+PORT = 3100
+
+
+def run(command, **kwargs):
+    print("$", " ".join(command), file=sys.stderr)
+    return subprocess.run(command, check=True, **kwargs)
+
+
+def build():
+    run(["cargo", "build", "--release", "-p", "shop", "-p", "carmy-benches", "--bins"], cwd=ROOT)
+    env = dict(os.environ, CARGO_TARGET_DIR=str(PEERS_TARGET))
+    run(["cargo", "build", "--release", "--manifest-path", str(ROOT / "benches/peers/Cargo.toml")], cwd=ROOT, env=env)
+
+
+class Server:
+    def __init__(self, target):
+        env = dict(os.environ, CARMY_ADDR=f"127.0.0.1:{PORT}", RUST_LOG="warn")
+        self.process = subprocess.Popen(["taskset", "-c", "0", *SERVERS[target]()], env=env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{PORT}/agent/tools", timeout=1)
+                return
+            except urllib.error.HTTPError:
+                return  # it answers (rmcp has no catalog route)
+            except Exception:
+                time.sleep(0.02)
+        raise RuntimeError(f"{target} did not start")
+
+    def peak_rss_mib(self):
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
+
+    def stop(self):
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+
+def wrk(method, path, body, headers, seconds):
+    env = dict(os.environ, BENCH_METHOD=method, BENCH_PATH=path, BENCH_HEADERS=headers)
+    if body is not None:
+        env["BENCH_BODY"] = body
+    output = subprocess.run(
+        ["taskset", "-c", "1", "wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency",
+         "-s", str(LUA), f"http://127.0.0.1:{PORT}{path}"],
+        env=env, check=True, capture_output=True, text=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
+    latency = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", output, re.M))
+    non2xx = int(re.search(r"non2xx: (\d+)", output).group(1))
+    return {"rps": rps, "p50": to_ms(latency["50"]), "p99": to_ms(latency["99"]), "non2xx": non2xx}
+
+
+def to_ms(text):
+    value, unit = re.match(r"([\d.]+)(\w+)", text).groups()
+    return float(value) * {"us": 0.001, "ms": 1, "s": 1000}[unit]
+
+
+def etag_of(target):
+    server = Server(target)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/agent/tools") as response:
+            return response.headers["ETag"]
+    finally:
+        server.stop()
+
+
+def measure(args):
+    etags = {target: etag_of(target) for target in ["baseline", "carmy", "carmy 0.6"]}
+    table = scenarios(etags)
+    results = {}  # (scenario, target) -> list of runs
+    for round_index in range(args.rounds):
+        for scenario, targets in table.items():
+            for target, (method, path, body, headers) in targets.items():
+                server = Server(target)
+                try:
+                    wrk(method, path, body, headers, 1)  # warm-up
+                    result = wrk(method, path, body, headers, args.seconds)
+                    result["rss"] = server.peak_rss_mib()
+                finally:
+                    server.stop()
+                results.setdefault((scenario, target), []).append(result)
+                print(f"round {round_index + 1} {scenario:32} {target:10} {result['rps']:>10.0f} req/s "
+                      f"p50 {result['p50']:.2f} ms p99 {result['p99']:.2f} ms rss {result['rss']:.1f} MiB "
+                      f"non-2xx {result['non2xx']}", file=sys.stderr)
+    return table, results
+
+
+def report_http(table, results):
+    lines = ["| scenario | server | req/s | ×baseline | p50 ms | p99 ms | peak RSS MiB | ×baseline RSS | non-2xx |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for scenario, targets in table.items():
+        # ratios per round, against the baseline of the same round, then the median
+        base = results[(scenario, "baseline")]
+        for target in targets:
+            runs = results[(scenario, target)]
+            median = lambda key: statistics.median(run[key] for run in runs)
+            ratio = statistics.median(run["rps"] / b["rps"] for run, b in zip(runs, base))
+            rss_ratio = statistics.median(run["rss"] / b["rss"] for run, b in zip(runs, base))
+            lines.append(f"| {scenario} | {target} | {median('rps'):,.0f} | {ratio:.2f} | {median('p50'):.2f} | "
+                         f"{median('p99'):.2f} | {median('rss'):.1f} | {rss_ratio:.2f} | {sum(r['non2xx'] for r in runs)} |")
+    return "\n".join(lines)
+
+
+def micro():
+    output = run(["cargo", "bench", "-p", "carmy-benches", "--bench", "micro"], cwd=ROOT,
+                 capture_output=True, text=True).stdout
+    return output
+
+
+def scale():
+    output = run([str(TARGET / "release" / "scale")], cwd=ROOT, capture_output=True, text=True).stdout
+    return output
+
+
+def check_cost(tools=200):
+    """`cargo check` time of a crate of `tools` tools vs the same crate of plain async fns."""
+    base = TARGET / "check-cost"
+    times = {}
+    for kind in ["plain", "tools"]:
+        crate = base / kind
+        (crate / "src").mkdir(parents=True, exist_ok=True)
+        (crate / "Cargo.toml").write_text(f"""[package]
+name = "check-cost-{kind}"
+version = "0.0.0"
+edition = "2024"
+publish = false
+[workspace]
+[dependencies]
+carmy = {{ path = "{ROOT / 'carmy'}" }}
+serde = {{ version = "1", features = ["derive"] }}
+tokio = {{ version = "1", features = ["rt"] }}
+""")
+        items = []
+        for n in range(tools):
+            attribute = f'#[carmy::tool(effect = "read", idempotent = true)]\n' if kind == "tools" else ""
+            items.append(f"""
+#[derive(serde::Deserialize, carmy::JsonSchema)]
+pub struct Input{n} {{
+    /// The id.
+    pub id: u64,
+    /// The name.
+    pub name: String,
+}}
+#[derive(serde::Serialize, carmy::JsonSchema)]
+pub struct Output{n} {{
+    pub ok: bool,
+}}
+/// Tool number {n}.
+{attribute}pub async fn tool_{n}(input: Input{n}) -> Result<Output{n}, carmy::ToolError> {{
+    Ok(Output{n} {{ ok: input.id > 0 && !input.name.is_empty() }})
+}}
+""")
+        (crate / "src" / "lib.rs").write_text("#![allow(dead_code)]\n" + "".join(items))
+        env = dict(os.environ, CARGO_TARGET_DIR=str(base / "target"))
+        lockfile = ROOT / "Cargo.lock"
+        shutil.copy(lockfile, crate / "Cargo.lock")
+        run(["cargo", "check", "-q"], cwd=crate, env=env)  # dependencies, once
+        samples = []
+        for _ in range(3):
+            (crate / "src" / "lib.rs").touch()
+            started = time.perf_counter()
+            run(["cargo", "check", "-q"], cwd=crate, env=env)
+            samples.append(time.perf_counter() - started)
+        times[kind] = statistics.median(samples)
+    per_tool_ms = (times["tools"] - times["plain"]) / tools * 1000
+    return (f"| crate | `cargo check` s |\n|---|---:|\n| {tools} plain async fns | {times['plain']:.2f} |\n"
+            f"| {tools} `#[carmy::tool]` fns | {times['tools']:.2f} |\n\n"
+            f"Macro cost: **{per_tool_ms:.1f} ms per tool** (target ≤ 10 ms).")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=3)
+    parser.add_argument("--skip-build", action="store_true")
+    parser.add_argument("--only", choices=["http", "micro", "scale", "check"], action="append")
+    args = parser.parse_args()
+    parts = set(args.only or ["http", "micro", "scale", "check"])
+    if not args.skip_build:
+        build()
+    out = [f"Machine: {os.cpu_count()} CPUs, {platform_line()}"]
+    if "http" in parts:
+        table, results = measure(args)
+        out.append("## End-to-end HTTP\n\n" + report_http(table, results))
+    if "micro" in parts:
+        out.append("## Micro-benchmarks (divan)\n\n```\n" + micro() + "```")
+    if "scale" in parts:
+        out.append("## Scale\n\n" + scale())
+    if "check" in parts:
+        out.append("## Compile-time cost\n\n" + check_cost())
+    print("\n\n".join(out))
+
+
+def platform_line():
+    model = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
+    return model.group(1) if model else "unknown CPU"
+
+
+if __name__ == "__main__":
+    main()
