@@ -132,12 +132,6 @@ pub struct StoredResponse {
     pub body: Bytes,
 }
 
-/// The poll interval of a duplicate waiting on a record held by another replica: short at
-/// first (most executions are quick), growing with the time the record has been running.
-pub(crate) fn poll_interval(running_for: Duration) -> Duration {
-    (running_for / 8).clamp(Duration::from_millis(25), Duration::from_millis(250))
-}
-
 /// What [`IdempotencyStore::reserve`] found.
 pub enum Reservation {
     /// The key was free and is now held by this execution: run the tool, then
@@ -178,15 +172,6 @@ impl fmt::Debug for Reservation {
                 .field("execution_id", execution_id)
                 .finish(),
             Reservation::Full => f.write_str("Full"),
-        }
-    }
-}
-
-impl Reservation {
-    /// `Running`, for a store that cannot notify: look again after a poll interval.
-    pub(crate) fn poll(running_for: Duration) -> Self {
-        Reservation::Running {
-            changed: Box::pin(tokio::time::sleep(poll_interval(running_for))),
         }
     }
 }

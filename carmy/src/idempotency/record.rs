@@ -13,6 +13,12 @@ pub(crate) const RUNNING: &str = "running";
 pub(crate) const FINISHED: &str = "finished";
 pub(crate) const UNCERTAIN: &str = "uncertain";
 
+/// The poll interval of a duplicate waiting on a record held by another replica: short at
+/// first (most executions are quick), growing with the time the record has been running.
+fn poll_interval(running_for: Duration) -> Duration {
+    (running_for / 8).clamp(Duration::from_millis(25), Duration::from_millis(250))
+}
+
 /// What a store found under a key it could not claim.
 #[derive(Debug)]
 pub(crate) struct Found {
@@ -45,7 +51,9 @@ impl Found {
             });
         }
         match (self.state.as_str(), self.response) {
-            (RUNNING, _) => Ok(Reservation::poll(self.running_for)),
+            (RUNNING, _) => Ok(Reservation::Running {
+                changed: Box::pin(tokio::time::sleep(poll_interval(self.running_for))),
+            }),
             (UNCERTAIN, _) => Ok(Reservation::Uncertain {
                 execution_id: Arc::from(self.execution_id),
             }),
@@ -101,8 +109,10 @@ impl Stored {
 }
 
 /// A store's periodic deletion of expired records; it stops when the store is dropped.
+#[cfg(any(feature = "postgres", feature = "file"))]
 pub(crate) struct Cleanup(tokio::task::JoinHandle<()>);
 
+#[cfg(any(feature = "postgres", feature = "file"))]
 impl Cleanup {
     /// Runs `purge` every `interval`, the first time one interval from now.
     pub(crate) fn every<F>(interval: Duration, purge: impl Fn() -> F + Send + 'static) -> Self
@@ -126,6 +136,7 @@ impl Cleanup {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "file"))]
 impl Drop for Cleanup {
     fn drop(&mut self) {
         self.0.abort();
