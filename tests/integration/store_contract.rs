@@ -573,6 +573,41 @@ async fn postgres_migrations_apply_once_when_replicas_start_together() {
     }
 }
 
+/// Expired rows go without anyone calling `purge_expired`: the store's own periodic cleanup.
+#[tokio::test]
+async fn postgres_cleanup_deletes_expired_records_on_its_own() {
+    let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let store = PostgresStore::connect_with_cleanup(&url, Duration::from_millis(100))
+        .await
+        .unwrap();
+    let (k, fp) = (key("cleaned"), fingerprint("t", 1));
+    let ttl = Duration::from_millis(50);
+    store.reserve(&k, &fp, "exec_1", LEASE, ttl).await.unwrap();
+    store
+        .finish(&k, Finish::Response(response("exec_1")), ttl)
+        .await
+        .unwrap();
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let rows = || async {
+        client
+            .query_one(
+                "SELECT count(*) FROM carmy_idempotency_records WHERE caller = $1 AND request_id = $2",
+                &[&k.caller(), &k.request_id()],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    assert_eq!(rows().await, 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(rows().await, 0);
+}
+
 // ---- Redis (CARMY_TEST_REDIS_URL) ----
 
 async fn redis_store() -> Option<RedisStore> {

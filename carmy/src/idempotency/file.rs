@@ -322,3 +322,40 @@ impl IdempotencyStore for FileStore {
         Box::pin(blocking(move || purge(&database)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finished() -> Record {
+        Record {
+            tool: "create_order".to_owned(),
+            digest: vec![7; 32],
+            execution_id: "exec_1".to_owned(),
+            state: FINISHED.to_owned(),
+            reserved_at: 1,
+            lease_until: 2,
+            expires_at: 3,
+            response: Some(Stored {
+                status: "failed".to_owned(),
+                category: Some("conflict".to_owned()),
+                code: None,
+                body: b"{\"a\":1}".to_vec(),
+            }),
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_damaged_bytes_are_refused_not_misread() {
+        let bytes = finished().encode();
+        let decoded = Record::decode(&bytes).expect("decodes");
+        assert_eq!(decoded.encode(), bytes);
+        assert_eq!(decoded.response, finished().response);
+        for length in 0..bytes.len() {
+            assert!(Record::decode(&bytes[..length]).is_none(), "{length} bytes");
+        }
+        let mut other_version = bytes.clone();
+        other_version[0] = FORMAT + 1;
+        assert!(Record::decode(&other_version).is_none());
+    }
+}
