@@ -156,7 +156,7 @@ async fn a_crash_mid_write_leaves_it_uncertain(store_url: &str, effects_url: &st
     let first = Replica::start(store_url, effects_url).await;
     let second = Replica::start(store_url, effects_url).await;
     let marker = format!("{}-{name}", run_id());
-    let body = call(&marker, &marker, 2_900);
+    let body = call(&marker, &marker, 4_800);
     let addr = first.addr;
     let running = {
         let body = body.clone();
@@ -214,7 +214,7 @@ async fn the_file_store_remembers_across_a_crash_and_restart() {
     assert_eq!(first.status, StatusCode::OK);
     let addr = replica.addr;
     let running = tokio::spawn({
-        let body = call(&interrupted, &interrupted, 2_900);
+        let body = call(&interrupted, &interrupted, 4_800);
         async move { execute_at(addr, &body).await }
     });
     until_written(&postgres, &interrupted).await;
@@ -227,7 +227,7 @@ async fn the_file_store_remembers_across_a_crash_and_restart() {
     assert_eq!(replay.status, StatusCode::OK);
     assert_eq!(replay.header("carmy-replayed"), Some("true"));
     assert_eq!(replay.body, first.body);
-    assert_uncertain(&execute_at(restarted.addr, &call(&interrupted, &interrupted, 2_900)).await)
+    assert_uncertain(&execute_at(restarted.addr, &call(&interrupted, &interrupted, 4_800)).await)
         .await;
     assert_eq!(effects(&postgres, &finished).await, 1);
     assert_eq!(effects(&postgres, &interrupted).await, 1);

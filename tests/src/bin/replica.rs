@@ -30,7 +30,7 @@ struct Written {
 }
 
 /// Writes a row to the shared table: not idempotent, every run is one more row.
-#[carmy::tool(effect = "write", idempotent = false, timeout = "3s", register = false)]
+#[carmy::tool(effect = "write", idempotent = false, timeout = "5s", register = false)]
 async fn record_effect(State(effects): State<Effects>, input: Write) -> Result<Written, ToolError> {
     let replica = std::process::id();
     effects
