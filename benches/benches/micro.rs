@@ -1,6 +1,7 @@
 //! In-process micro-benchmarks: the execution pipeline without a transport, argument validation,
 //! the idempotency store under concurrency, and building the catalog of 1,000 tools.
 
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,7 +43,7 @@ fn pipeline_create_order(bencher: divan::Bencher<'_, '_>, with_request_id: bool)
         } else {
             call
         };
-        runtime.block_on(call)
+        runtime.block_on(call.into_future())
     });
 }
 
@@ -80,7 +81,7 @@ fn store_reserve_finish(bencher: divan::Bencher<'_, '_>, tasks: usize) {
                                 digest: [1; 32],
                             };
                             store
-                                .reserve(&key, &fingerprint, "exec", ttl)
+                                .reserve(&key, &fingerprint, "exec", ttl, ttl)
                                 .await
                                 .expect("memory store");
                             let response = StoredResponse {

@@ -44,6 +44,22 @@ impl Category {
             Category::Timeout => "timeout",
         }
     }
+
+    /// The category whose wire name is `name` (how stores read back what they wrote).
+    pub fn from_wire(name: &str) -> Option<Self> {
+        [
+            Category::Validation,
+            Category::Permission,
+            Category::NotFound,
+            Category::Conflict,
+            Category::Cancelled,
+            Category::Internal,
+            Category::Capacity,
+            Category::Timeout,
+        ]
+        .into_iter()
+        .find(|category| category.as_str() == name)
+    }
 }
 
 /// Codes the runtime itself produces. Tools choose their own codes.

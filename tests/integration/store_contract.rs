@@ -1,20 +1,25 @@
-//! The contract every `IdempotencyStore` keeps, written once and run against each backend,
-//! plus the in-memory store's own bounds. Time is tokio's paused clock where the backend's
-//! clock allows it.
+//! The contract every `IdempotencyStore` keeps, written once and run against each backend:
+//! memory and file always; PostgreSQL and Redis when `CARMY_TEST_POSTGRES_URL` and
+//! `CARMY_TEST_REDIS_URL` name servers (`.ci/run` sets both). Plus each store's own properties.
+//! Time is tokio's paused clock where the backend's clock allows it, the real clock elsewhere.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use carmy::idempotency::{
-    ExecutionStatus, Fingerprint, Finish, IdempotencyKey, IdempotencyStore, MemoryStore,
-    Reservation, StoredResponse,
+    ExecutionStatus, FileStore, Fingerprint, Finish, IdempotencyKey, IdempotencyStore, MemoryStore,
+    PostgresStore, RedisStore, Reservation, StoredResponse,
 };
+use carmy_tests::{run_id, server_url};
 
 const TTL: Duration = Duration::from_secs(60);
+const LEASE: Duration = Duration::from_secs(60);
 
+/// Keys of this run only: reruns and the backends' tests never see each other's records.
 fn key(request_id: &str) -> IdempotencyKey {
-    IdempotencyKey::new("caller", request_id)
+    IdempotencyKey::new(format!("caller-{}", run_id()), request_id)
 }
 
 fn fingerprint(tool: &str, byte: u8) -> Fingerprint {
@@ -38,61 +43,93 @@ async fn reserve(
     store: &dyn IdempotencyStore,
     key: &IdempotencyKey,
     fingerprint: &Fingerprint,
+    execution_id: &str,
 ) -> Reservation {
     store
-        .reserve(key, fingerprint, "exec_x", TTL)
+        .reserve(key, fingerprint, execution_id, LEASE, TTL)
         .await
         .expect("store works")
 }
 
-/// reserve → running → finished → replay; conflict; release; uncertain.
+/// reserve → running → finished → replay; conflict; release; uncertain; only the execution
+/// that reserved a key finishes it.
 pub(crate) async fn lifecycle(store: &dyn IdempotencyStore) {
     let (k, fp) = (key("life"), fingerprint("create_order", 1));
     assert!(matches!(
-        reserve(store, &k, &fp).await,
+        reserve(store, &k, &fp, "exec_1").await,
         Reservation::Reserved
     ));
     assert!(matches!(
-        reserve(store, &k, &fp).await,
+        reserve(store, &k, &fp, "exec_2").await,
         Reservation::Running { .. }
     ));
-    match reserve(store, &k, &fingerprint("create_order", 2)).await {
+    match reserve(store, &k, &fingerprint("create_order", 2), "exec_3").await {
         Reservation::Conflict { tool } => assert_eq!(&*tool, "create_order"),
         other => panic!("expected a conflict, got {other:?}"),
     }
+    // A finish from an execution that does not hold the key changes nothing.
+    store
+        .finish(&k, Finish::Response(response("exec_2")), TTL)
+        .await
+        .unwrap();
+    assert!(matches!(
+        reserve(store, &k, &fp, "exec_4").await,
+        Reservation::Running { .. }
+    ));
     store
         .finish(&k, Finish::Response(response("exec_1")), TTL)
         .await
         .unwrap();
-    match reserve(store, &k, &fp).await {
+    match reserve(store, &k, &fp, "exec_5").await {
         Reservation::Finished(stored) => assert_eq!(stored, response("exec_1")),
         other => panic!("expected the recorded response, got {other:?}"),
     }
-    match reserve(store, &k, &fingerprint("get_order", 1)).await {
+    match reserve(store, &k, &fingerprint("get_order", 1), "exec_6").await {
         Reservation::Conflict { tool } => assert_eq!(&*tool, "create_order"),
         other => panic!("expected a conflict, got {other:?}"),
     }
     // Keys are per caller.
-    let other_caller = IdempotencyKey::new("someone-else", "life");
+    let other_caller = IdempotencyKey::new(format!("someone-else-{}", run_id()), "life");
     assert!(matches!(
-        reserve(store, &other_caller, &fp).await,
+        reserve(store, &other_caller, &fp, "exec_7").await,
         Reservation::Reserved
     ));
 
     let released = key("released");
     assert!(matches!(
-        reserve(store, &released, &fp).await,
+        reserve(store, &released, &fp, "exec_8").await,
         Reservation::Reserved
     ));
     store.release(&released).await.unwrap();
     assert!(matches!(
-        reserve(store, &released, &fp).await,
+        reserve(store, &released, &fp, "exec_9").await,
         Reservation::Reserved
     ));
 
+    // A failure is kept with its category and code.
+    let failed = key("failed");
+    assert!(matches!(
+        reserve(store, &failed, &fp, "exec_f").await,
+        Reservation::Reserved
+    ));
+    let failure = StoredResponse {
+        status: ExecutionStatus::Failed,
+        category: Some(carmy::Category::Conflict),
+        code: Some(Arc::from("OUT_OF_STOCK")),
+        ..response("exec_f")
+    };
+    store
+        .finish(&failed, Finish::Response(failure.clone()), TTL)
+        .await
+        .unwrap();
+    match reserve(store, &failed, &fp, "exec_g").await {
+        Reservation::Finished(stored) => assert_eq!(stored, failure),
+        other => panic!("expected the recorded failure, got {other:?}"),
+    }
+
     let uncertain = key("uncertain");
     assert!(matches!(
-        reserve(store, &uncertain, &fp).await,
+        reserve(store, &uncertain, &fp, "exec_u").await,
         Reservation::Reserved
     ));
     store
@@ -105,14 +142,14 @@ pub(crate) async fn lifecycle(store: &dyn IdempotencyStore) {
         )
         .await
         .unwrap();
-    match reserve(store, &uncertain, &fp).await {
+    match reserve(store, &uncertain, &fp, "exec_v").await {
         Reservation::Uncertain { execution_id } => assert_eq!(&*execution_id, "exec_u"),
         other => panic!("expected uncertain, got {other:?}"),
     }
     // The host clears an uncertain record once it knows what happened.
     store.release(&uncertain).await.unwrap();
     assert!(matches!(
-        reserve(store, &uncertain, &fp).await,
+        reserve(store, &uncertain, &fp, "exec_w").await,
         Reservation::Reserved
     ));
 }
@@ -121,10 +158,10 @@ pub(crate) async fn lifecycle(store: &dyn IdempotencyStore) {
 pub(crate) async fn waiters_are_woken(store: Arc<dyn IdempotencyStore>) {
     let (k, fp) = (key("wait"), fingerprint("t", 1));
     assert!(matches!(
-        reserve(&*store, &k, &fp).await,
+        reserve(&*store, &k, &fp, "exec_w").await,
         Reservation::Reserved
     ));
-    let Reservation::Running { changed } = reserve(&*store, &k, &fp).await else {
+    let Reservation::Running { changed } = reserve(&*store, &k, &fp, "exec_2").await else {
         panic!("expected running");
     };
     let finisher = {
@@ -141,9 +178,18 @@ pub(crate) async fn waiters_are_woken(store: Arc<dyn IdempotencyStore>) {
     changed.await;
     finisher.await.unwrap();
     assert!(matches!(
-        reserve(&*store, &k, &fp).await,
+        reserve(&*store, &k, &fp, "exec_3").await,
         Reservation::Finished(_)
     ));
+}
+
+/// What `purge_expired` finds once records have expired.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Purge {
+    /// The store deletes them and counts them.
+    Counted,
+    /// The engine dropped them already (Redis): nothing is left to purge.
+    ByEngine,
 }
 
 /// Records older than their ttl count as absent; `advance` moves the backend's clock.
@@ -151,10 +197,11 @@ pub(crate) async fn expiry<F: std::future::Future<Output = ()>>(
     store: &dyn IdempotencyStore,
     ttl: Duration,
     advance: impl Fn(Duration) -> F,
+    purge: Purge,
 ) {
     let (k, fp) = (key("expiring"), fingerprint("t", 1));
     assert!(matches!(
-        store.reserve(&k, &fp, "exec_1", ttl).await.unwrap(),
+        store.reserve(&k, &fp, "exec_1", LEASE, ttl).await.unwrap(),
         Reservation::Reserved
     ));
     store
@@ -162,26 +209,70 @@ pub(crate) async fn expiry<F: std::future::Future<Output = ()>>(
         .await
         .unwrap();
     assert!(matches!(
-        store.reserve(&k, &fp, "exec_2", ttl).await.unwrap(),
+        store.reserve(&k, &fp, "exec_2", LEASE, ttl).await.unwrap(),
         Reservation::Finished(_)
     ));
     advance(ttl + Duration::from_millis(10)).await;
     assert!(matches!(
         store
-            .reserve(&k, &fingerprint("t", 9), "exec_3", ttl)
+            .reserve(&k, &fingerprint("t", 9), "exec_3", LEASE, ttl)
             .await
             .unwrap(),
         Reservation::Reserved
     ));
 
     let purged = key("purged");
-    store.reserve(&purged, &fp, "exec_4", ttl).await.unwrap();
+    store
+        .reserve(&purged, &fp, "exec_4", LEASE, ttl)
+        .await
+        .unwrap();
     store
         .finish(&purged, Finish::Response(response("exec_4")), ttl)
         .await
         .unwrap();
     advance(ttl + Duration::from_millis(10)).await;
-    assert!(store.purge_expired().await.unwrap() >= 1);
+    let count = store.purge_expired().await.unwrap();
+    match purge {
+        Purge::Counted => assert!(count >= 1, "purged {count}"),
+        Purge::ByEngine => assert_eq!(count, 0),
+    }
+}
+
+/// A running record whose lease has passed (its replica died) turns uncertain, carrying the
+/// first execution's id: a retry never runs a second time and never waits forever. If that
+/// execution does finish after all, its outcome replaces the uncertainty.
+pub(crate) async fn lease_expiry<F: std::future::Future<Output = ()>>(
+    store: &dyn IdempotencyStore,
+    lease: Duration,
+    advance: impl Fn(Duration) -> F,
+) {
+    let (k, fp) = (key("leased"), fingerprint("t", 1));
+    assert!(matches!(
+        store
+            .reserve(&k, &fp, "exec_dead", lease, TTL)
+            .await
+            .unwrap(),
+        Reservation::Reserved
+    ));
+    assert!(matches!(
+        store.reserve(&k, &fp, "exec_2", lease, TTL).await.unwrap(),
+        Reservation::Running { .. }
+    ));
+    advance(lease + Duration::from_millis(50)).await;
+    for retry in ["exec_3", "exec_4"] {
+        match store.reserve(&k, &fp, retry, lease, TTL).await.unwrap() {
+            Reservation::Uncertain { execution_id } => assert_eq!(&*execution_id, "exec_dead"),
+            other => panic!("expected uncertain, got {other:?}"),
+        }
+    }
+    store
+        .finish(&k, Finish::Response(response("exec_dead")), TTL)
+        .await
+        .unwrap();
+    match store.reserve(&k, &fp, "exec_5", lease, TTL).await.unwrap() {
+        Reservation::Finished(stored) => assert_eq!(stored, response("exec_dead")),
+        other => panic!("expected the late outcome, got {other:?}"),
+    }
 }
 
 /// Concurrent reservations of one key: exactly one wins.
@@ -195,7 +286,7 @@ pub(crate) async fn one_winner(store: Arc<dyn IdempotencyStore>, contenders: usi
                 let (k, fp) = (key("contended"), fingerprint("t", 1));
                 barrier.wait().await;
                 let reservation = store
-                    .reserve(&k, &fp, &format!("exec_{index}"), TTL)
+                    .reserve(&k, &fp, &format!("exec_{index}"), LEASE, TTL)
                     .await
                     .unwrap();
                 matches!(reservation, Reservation::Reserved)
@@ -207,6 +298,11 @@ pub(crate) async fn one_winner(store: Arc<dyn IdempotencyStore>, contenders: usi
         winners += usize::from(task.await.unwrap());
     }
     assert_eq!(winners, 1);
+}
+
+/// The real clock, for backends whose records follow it.
+async fn sleep(duration: Duration) {
+    tokio::time::sleep(duration).await;
 }
 
 #[tokio::test]
@@ -225,6 +321,17 @@ async fn memory_expiry() {
         &MemoryStore::new(),
         Duration::from_secs(24 * 60 * 60),
         tokio::time::advance,
+        Purge::Counted,
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_lease_expiry() {
+    lease_expiry(
+        &MemoryStore::new(),
+        Duration::from_secs(30),
+        tokio::time::advance,
     )
     .await;
 }
@@ -241,7 +348,7 @@ async fn memory_store_evicts_the_oldest_finished_records_first_never_a_running_o
     let fp = fingerprint("t", 1);
     for id in ["a", "b"] {
         assert!(matches!(
-            reserve(&store, &key(id), &fp).await,
+            reserve(&store, &key(id), &fp, id).await,
             Reservation::Reserved
         ));
         tokio::time::advance(Duration::from_secs(1)).await;
@@ -251,42 +358,303 @@ async fn memory_store_evicts_the_oldest_finished_records_first_never_a_running_o
             .unwrap();
     }
     assert!(matches!(
-        reserve(&store, &key("running"), &fp).await,
+        reserve(&store, &key("running"), &fp, "running").await,
         Reservation::Reserved
     ));
     assert_eq!(store.len(), 3);
 
     // Full: the oldest finished record, "a", makes room for "c".
     assert!(matches!(
-        reserve(&store, &key("c"), &fp).await,
+        reserve(&store, &key("c"), &fp, "exec_c").await,
         Reservation::Reserved
     ));
     assert_eq!(store.len(), 3);
     // "b" is still there; the next reservation evicts it, the last finished record…
     assert!(matches!(
-        reserve(&store, &key("b"), &fp).await,
+        reserve(&store, &key("b"), &fp, "exec_b").await,
         Reservation::Finished(_)
     ));
     assert!(matches!(
-        reserve(&store, &key("d"), &fp).await,
+        reserve(&store, &key("d"), &fp, "exec_d").await,
         Reservation::Reserved
     ));
     // …and then only running records remain: nothing is evicted, the store is full.
     assert!(matches!(
-        reserve(&store, &key("e"), &fp).await,
+        reserve(&store, &key("e"), &fp, "exec_e").await,
         Reservation::Full
     ));
     assert!(
-        matches!(reserve(&store, &key("a"), &fp).await, Reservation::Full),
+        matches!(
+            reserve(&store, &key("a"), &fp, "exec_a").await,
+            Reservation::Full
+        ),
         "a is gone"
     );
     for running in ["running", "c", "d"] {
         assert!(
             matches!(
-                reserve(&store, &key(running), &fp).await,
+                reserve(&store, &key(running), &fp, "exec_dup").await,
                 Reservation::Running { .. }
             ),
             "{running}"
         );
     }
+}
+
+// ---- the file store ----
+
+/// A store file of this run, deleted when dropped.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str) -> Self {
+        TempFile(std::env::temp_dir().join(format!("carmy-{}-{name}.redb", run_id())))
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+async fn file_store(file: &TempFile) -> FileStore {
+    FileStore::open(&file.0)
+        .await
+        .expect("the store file opens")
+}
+
+#[tokio::test]
+async fn file_lifecycle() {
+    let file = TempFile::new("lifecycle");
+    lifecycle(&file_store(&file).await).await;
+}
+
+#[tokio::test]
+async fn file_waiters_are_woken() {
+    let file = TempFile::new("waiters");
+    waiters_are_woken(Arc::new(file_store(&file).await)).await;
+}
+
+#[tokio::test]
+async fn file_expiry() {
+    let file = TempFile::new("expiry");
+    expiry(
+        &file_store(&file).await,
+        Duration::from_millis(300),
+        sleep,
+        Purge::Counted,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn file_lease_expiry() {
+    let file = TempFile::new("lease");
+    lease_expiry(&file_store(&file).await, Duration::from_millis(300), sleep).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_one_winner_among_200() {
+    let file = TempFile::new("winner");
+    one_winner(Arc::new(file_store(&file).await), 200).await;
+}
+
+#[tokio::test]
+async fn file_records_survive_reopening_and_the_file_has_one_owner() {
+    let file = TempFile::new("reopen");
+    let (k, fp) = (key("kept"), fingerprint("create_order", 1));
+    {
+        let store = file_store(&file).await;
+        assert!(matches!(
+            reserve(&store, &k, &fp, "exec_1").await,
+            Reservation::Reserved
+        ));
+        store
+            .finish(&k, Finish::Response(response("exec_1")), TTL)
+            .await
+            .unwrap();
+        let second = carmy::idempotency::connect(&format!("file:{}", file.0.display())).await;
+        assert!(second.is_err(), "a second process must not open the file");
+    }
+    let reopened = file_store(&file).await;
+    match reserve(&reopened, &k, &fp, "exec_2").await {
+        Reservation::Finished(stored) => assert_eq!(stored, response("exec_1")),
+        other => panic!("expected the recorded response after reopening, got {other:?}"),
+    }
+}
+
+// ---- PostgreSQL (CARMY_TEST_POSTGRES_URL) ----
+
+async fn postgres_store() -> Option<PostgresStore> {
+    let url = server_url("CARMY_TEST_POSTGRES_URL")?;
+    Some(
+        PostgresStore::connect(&url).await.unwrap_or_else(|error| {
+            panic!("CARMY_TEST_POSTGRES_URL={url} is unreachable: {error}")
+        }),
+    )
+}
+
+#[tokio::test]
+async fn postgres_lifecycle() {
+    let Some(store) = postgres_store().await else {
+        return;
+    };
+    lifecycle(&store).await;
+}
+
+#[tokio::test]
+async fn postgres_waiters_are_woken() {
+    let Some(store) = postgres_store().await else {
+        return;
+    };
+    waiters_are_woken(Arc::new(store)).await;
+}
+
+#[tokio::test]
+async fn postgres_expiry() {
+    let Some(store) = postgres_store().await else {
+        return;
+    };
+    expiry(&store, Duration::from_millis(300), sleep, Purge::Counted).await;
+}
+
+#[tokio::test]
+async fn postgres_lease_expiry() {
+    let Some(store) = postgres_store().await else {
+        return;
+    };
+    lease_expiry(&store, Duration::from_millis(300), sleep).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_one_winner_among_200() {
+    let Some(store) = postgres_store().await else {
+        return;
+    };
+    one_winner(Arc::new(store), 200).await;
+}
+
+/// Replicas starting together: each applies the migrations or finds them applied, under the
+/// advisory lock; every step is recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_migrations_apply_once_when_replicas_start_together() {
+    let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let starts: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { PostgresStore::connect(&url).await })
+        })
+        .collect();
+    for start in starts {
+        start.await.unwrap().expect("every replica starts");
+    }
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let rows = client
+        .query(
+            "SELECT version, count(*) FROM carmy_idempotency_migrations GROUP BY version",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(!rows.is_empty());
+    for row in rows {
+        assert_eq!(
+            row.get::<_, i64>(1),
+            1,
+            "migration {} applied twice",
+            row.get::<_, i32>(0)
+        );
+    }
+}
+
+/// Expired rows go without anyone calling `purge_expired`: the store's own periodic cleanup.
+#[tokio::test]
+async fn postgres_cleanup_deletes_expired_records_on_its_own() {
+    let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let store = PostgresStore::connect_with_cleanup(&url, Duration::from_millis(100))
+        .await
+        .unwrap();
+    let (k, fp) = (key("cleaned"), fingerprint("t", 1));
+    let ttl = Duration::from_millis(50);
+    store.reserve(&k, &fp, "exec_1", LEASE, ttl).await.unwrap();
+    store
+        .finish(&k, Finish::Response(response("exec_1")), ttl)
+        .await
+        .unwrap();
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let rows = || async {
+        client
+            .query_one(
+                "SELECT count(*) FROM carmy_idempotency_records WHERE caller = $1 AND request_id = $2",
+                &[&k.caller(), &k.request_id()],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    assert_eq!(rows().await, 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(rows().await, 0);
+}
+
+// ---- Redis (CARMY_TEST_REDIS_URL) ----
+
+async fn redis_store() -> Option<RedisStore> {
+    let url = server_url("CARMY_TEST_REDIS_URL")?;
+    Some(
+        RedisStore::connect(&url)
+            .await
+            .unwrap_or_else(|error| panic!("CARMY_TEST_REDIS_URL={url} is unreachable: {error}")),
+    )
+}
+
+#[tokio::test]
+async fn redis_lifecycle() {
+    let Some(store) = redis_store().await else {
+        return;
+    };
+    lifecycle(&store).await;
+}
+
+#[tokio::test]
+async fn redis_waiters_are_woken() {
+    let Some(store) = redis_store().await else {
+        return;
+    };
+    waiters_are_woken(Arc::new(store)).await;
+}
+
+#[tokio::test]
+async fn redis_expiry() {
+    let Some(store) = redis_store().await else {
+        return;
+    };
+    expiry(&store, Duration::from_millis(300), sleep, Purge::ByEngine).await;
+}
+
+#[tokio::test]
+async fn redis_lease_expiry() {
+    let Some(store) = redis_store().await else {
+        return;
+    };
+    lease_expiry(&store, Duration::from_millis(300), sleep).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_one_winner_among_200() {
+    let Some(store) = redis_store().await else {
+        return;
+    };
+    one_winner(Arc::new(store), 200).await;
 }

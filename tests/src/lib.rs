@@ -201,3 +201,84 @@ pub fn parse_sse(text: &str) -> Vec<SseEvent> {
         })
         .collect()
 }
+
+/// `POST /agent/execute` with a JSON body to a server at `addr`, on a fresh connection.
+pub async fn execute_at(addr: std::net::SocketAddr, body: &Value) -> Answer {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(connection);
+    let request = Request::post("/agent/execute")
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("valid request");
+    let response = sender.send_request(request).await.expect("response");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+/// The URL of a real server for the tests that need one, from `var`; `None` (and a printed
+/// reason) when it is unset, so that those tests pass as skipped on a machine without it.
+/// `.ci/run` sets every such variable.
+pub fn server_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            eprintln!("skipped: {var} is not set (.ci/run sets it to a server on this machine)");
+            None
+        }
+    }
+}
+
+/// A name unique to this test run, so reruns and parallel tests never share records.
+pub fn run_id() -> &'static str {
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos());
+        format!("run{}x{nanos}", std::process::id())
+    })
+}
+
+/// A TCP proxy on a loopback port to `target`, for cutting a store off mid-test.
+#[derive(Debug)]
+pub struct Proxy {
+    pub addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Forwards every connection made to [`Proxy::addr`] to `target`.
+    pub async fn start(target: std::net::SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("bound address");
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                connections.spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Proxy { addr, task }
+    }
+
+    /// Closes the port and every connection through it: the store is gone.
+    pub async fn close(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}

@@ -112,7 +112,7 @@ async fn execute(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> 
         .get(ACCEPT)
         .is_some_and(|accept| accept.as_bytes().starts_with(b"text/event-stream"));
     if streaming {
-        return stream(body);
+        return stream(&body);
     }
     json(body, false)
 }
@@ -142,7 +142,7 @@ fn json(body: Bytes, replayed: bool) -> Response {
     response
 }
 
-fn stream(body: Bytes) -> Response {
+fn stream(body: &Bytes) -> Response {
     let text = String::from_utf8(body.to_vec()).unwrap();
     let execution_id = text[17..58].to_owned();
     let completed = format!("{},\"replayed\":false}}", &text[..text.len() - 1]);

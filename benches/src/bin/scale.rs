@@ -46,7 +46,7 @@ async fn main() {
         };
         let execution_id = format!("exec_0190c3a2-7b1e-7c3d-9f4e-{n:012}");
         store
-            .reserve(&key, &fingerprint, &execution_id, ttl)
+            .reserve(&key, &fingerprint, &execution_id, ttl, ttl)
             .await
             .expect("memory store");
         let body = format!(

@@ -48,20 +48,30 @@ struct Record {
     /// The first half of the fingerprint's SHA-256: 128 bits tell calls apart as surely, and
     /// 16 bytes less per record keeps 100,000 records within 64 MiB.
     digest: [u8; 16],
+    /// The execution that reserved the key.
+    execution_id: Arc<str>,
     state: State,
     expires_at: Instant,
     generation: u64,
 }
 
+/// What a reservation asks for.
+#[derive(Clone, Copy)]
+struct Claim<'a> {
+    fingerprint: &'a Fingerprint,
+    execution_id: &'a str,
+    lease: Duration,
+    ttl: Duration,
+}
+
 enum State {
     /// Dropping the sender wakes the duplicates waiting for this execution.
     Running {
-        _changed: watch::Sender<()>,
+        changed: watch::Sender<()>,
+        lease_until: Instant,
     },
     Finished(StoredResponse),
-    Uncertain {
-        execution_id: Arc<str>,
-    },
+    Uncertain,
 }
 
 impl Default for MemoryStore {
@@ -141,49 +151,70 @@ impl Shard {
     fn reserve(
         &mut self,
         key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
+        claim: Claim<'_>,
         capacity: usize,
         now: Instant,
-        ttl: Duration,
     ) -> Reservation {
-        if let Some(record) = self.records.get(key) {
+        let generation = self.next_generation();
+        if let Some(record) = self.records.get_mut(key) {
             if record.expires_at > now {
-                if record.tool != fingerprint.tool || record.digest != short_digest(fingerprint) {
+                if record.tool != claim.fingerprint.tool
+                    || record.digest != short_digest(claim.fingerprint)
+                {
                     return Reservation::Conflict {
                         tool: record.tool.clone(),
                     };
                 }
-                return match &record.state {
-                    State::Running { _changed } => {
-                        let mut changed = _changed.subscribe();
-                        Reservation::Running {
+                match &record.state {
+                    State::Running {
+                        changed,
+                        lease_until,
+                    } if *lease_until > now => {
+                        let mut changed = changed.subscribe();
+                        let lease_until = *lease_until;
+                        return Reservation::Running {
                             changed: Box::pin(async move {
-                                // Resolves when the sender is dropped: the record changed.
-                                let _ = changed.changed().await;
+                                // The sender is dropped when the record changes; the lease
+                                // passing changes it too.
+                                tokio::select! {
+                                    _ = changed.changed() => {}
+                                    () = tokio::time::sleep_until(lease_until) => {}
+                                }
                             }),
-                        }
+                        };
                     }
-                    State::Finished(response) => Reservation::Finished(response.clone()),
-                    State::Uncertain { execution_id } => Reservation::Uncertain {
-                        execution_id: execution_id.clone(),
-                    },
-                };
+                    State::Running { .. } => {
+                        // Its execution outlived its lease: from now on it is uncertain.
+                        record.state = State::Uncertain;
+                        record.generation = generation;
+                        let execution_id = record.execution_id.clone();
+                        self.queue_finished(key, generation);
+                        return Reservation::Uncertain { execution_id };
+                    }
+                    State::Finished(response) => return Reservation::Finished(response.clone()),
+                    State::Uncertain => {
+                        return Reservation::Uncertain {
+                            execution_id: record.execution_id.clone(),
+                        };
+                    }
+                }
             }
             self.records.remove(key);
         }
         if self.records.len() >= capacity && !self.make_room(capacity, now) {
             return Reservation::Full;
         }
-        let generation = self.next_generation();
         self.records.insert(
             key.clone(),
             Record {
-                tool: fingerprint.tool.clone(),
-                digest: short_digest(fingerprint),
+                tool: claim.fingerprint.tool.clone(),
+                digest: short_digest(claim.fingerprint),
+                execution_id: Arc::from(claim.execution_id),
                 state: State::Running {
-                    _changed: watch::channel(()).0,
+                    changed: watch::channel(()).0,
+                    lease_until: now + claim.lease,
                 },
-                expires_at: now + ttl,
+                expires_at: now + claim.ttl,
                 generation,
             },
         );
@@ -192,15 +223,27 @@ impl Shard {
 
     fn finish(&mut self, key: &IdempotencyKey, finish: Finish, now: Instant, ttl: Duration) {
         let generation = self.next_generation();
-        let Some(record) = self.records.get_mut(key) else {
+        let Some(record) = self
+            .records
+            .get_mut(key)
+            .filter(|record| record.execution_id == *finish.execution_id())
+        else {
             return;
         };
         record.state = match finish {
-            Finish::Response(response) => State::Finished(response),
-            Finish::Uncertain { execution_id } => State::Uncertain { execution_id },
+            Finish::Response(response) => {
+                // Share the response's copy of the id: one allocation per record, not two.
+                record.execution_id = response.execution_id.clone();
+                State::Finished(response)
+            }
+            Finish::Uncertain { .. } => State::Uncertain,
         };
         record.expires_at = now + ttl;
         record.generation = generation;
+        self.queue_finished(key, generation);
+    }
+
+    fn queue_finished(&mut self, key: &IdempotencyKey, generation: u64) {
         self.finished.push_back((key.clone(), generation));
         if self.finished.len() > 2 * self.records.len().max(16) {
             self.compact_finished();
@@ -260,12 +303,19 @@ impl IdempotencyStore for MemoryStore {
         &'a self,
         key: &'a IdempotencyKey,
         fingerprint: &'a Fingerprint,
-        _execution_id: &'a str,
+        execution_id: &'a str,
+        lease: Duration,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        let reservation =
-            self.shard(key)
-                .reserve(key, fingerprint, self.shard_capacity, Instant::now(), ttl);
+        let claim = Claim {
+            fingerprint,
+            execution_id,
+            lease,
+            ttl,
+        };
+        let reservation = self
+            .shard(key)
+            .reserve(key, claim, self.shard_capacity, Instant::now());
         Box::pin(std::future::ready(Ok(reservation)))
     }
 

@@ -4,8 +4,20 @@
 //! The runtime drives an [`IdempotencyStore`]; it is designed for shared engines: every
 //! transition is one atomic operation on one key, and a duplicate that finds the key running
 //! either waits on a notification (in-process stores) or polls.
+//!
+//! Stores: [`MemoryStore`] (the default), and behind cargo features `PostgresStore`
+//! (`postgres`), `RedisStore` (`redis`) and `FileStore` (`file`). [`connect`] picks one by URL.
 
+mod connect;
+#[cfg(feature = "file")]
+mod file;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(any(feature = "postgres", feature = "redis", feature = "file"))]
+mod record;
+#[cfg(feature = "redis")]
+mod redis;
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,7 +26,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 
+pub use connect::{IDEMPOTENCY_URL_VAR, connect, connect_from_env};
+#[cfg(feature = "file")]
+pub use file::FileStore;
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStore;
+#[cfg(feature = "redis")]
+pub use redis::RedisStore;
 
 use crate::tool_error::Category;
 
@@ -83,6 +102,18 @@ impl ExecutionStatus {
             ExecutionStatus::Cancelled => "cancelled",
             ExecutionStatus::TimedOut => "timed_out",
         }
+    }
+
+    /// The status whose wire name is `name` (how stores read back what they wrote).
+    pub fn from_wire(name: &str) -> Option<Self> {
+        [
+            ExecutionStatus::Completed,
+            ExecutionStatus::Failed,
+            ExecutionStatus::Cancelled,
+            ExecutionStatus::TimedOut,
+        ]
+        .into_iter()
+        .find(|status| status.as_str() == name)
     }
 }
 
@@ -157,11 +188,28 @@ pub enum Finish {
     },
 }
 
-/// A store failed (connection lost, timeout). Answered as a retryable `503`, never by running
-/// the tool without a record.
+impl Finish {
+    /// The execution that reserved the key and now finishes it.
+    pub fn execution_id(&self) -> &Arc<str> {
+        match self {
+            Finish::Response(response) => &response.execution_id,
+            Finish::Uncertain { execution_id } => execution_id,
+        }
+    }
+}
+
+/// A store failed (connection lost, timeout), or could not be opened. At request time it is
+/// answered as a retryable `503`, never by running the tool without a record.
 #[derive(Debug, thiserror::Error)]
 #[error("idempotency store error: {0}")]
 pub struct StoreError(pub Box<dyn std::error::Error + Send + Sync>);
+
+impl StoreError {
+    /// An error that is only a message (a record the store cannot read, a bad URL).
+    pub(crate) fn message(message: impl Into<String>) -> Self {
+        StoreError(message.into().into())
+    }
+}
 
 /// Where idempotency records live: in memory ([`MemoryStore`], the default) or in a shared
 /// engine so that replicas see each other's records.
@@ -170,15 +218,22 @@ pub struct StoreError(pub Box<dyn std::error::Error + Send + Sync>);
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Claims `key` for a new execution of `fingerprint`, or reports what holds it. Records
     /// older than `ttl` count as absent.
+    ///
+    /// The claim holds for `lease` (the execution's deadline and a margin): a running record
+    /// whose lease has passed belongs to an execution that will never finish it (its replica
+    /// crashed), so it turns into an uncertain record carrying that execution's id.
     fn reserve<'a>(
         &'a self,
         key: &'a IdempotencyKey,
         fingerprint: &'a Fingerprint,
         execution_id: &'a str,
+        lease: Duration,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>>;
 
     /// Records how the execution that reserved `key` ended; the record expires `ttl` later.
+    /// Ignored when the record no longer belongs to that execution (released, or expired and
+    /// claimed again).
     fn finish<'a>(
         &'a self,
         key: &'a IdempotencyKey,
@@ -192,4 +247,35 @@ pub trait IdempotencyStore: Send + Sync + 'static {
 
     /// Drops expired records; returns how many. Stores also expire records on their own.
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>>;
+}
+
+/// A shared store (`connect` returns one) is a store too.
+impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
+    fn reserve<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        fingerprint: &'a Fingerprint,
+        execution_id: &'a str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
+        (**self).reserve(key, fingerprint, execution_id, lease, ttl)
+    }
+
+    fn finish<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        finish: Finish,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).finish(key, finish, ttl)
+    }
+
+    fn release<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).release(key)
+    }
+
+    fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
+        (**self).purge_expired()
+    }
 }

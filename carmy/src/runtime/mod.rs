@@ -49,6 +49,9 @@ impl Default for Settings {
     }
 }
 
+/// How long a reservation outlives the execution's deadline: time to record the outcome.
+const LEASE_MARGIN: Duration = Duration::from_secs(1);
+
 /// What a transport asks the runtime to run.
 #[derive(Debug)]
 pub(crate) struct Call {
@@ -360,12 +363,16 @@ impl Runtime {
         events: Option<&mpsc::UnboundedSender<Event>>,
     ) -> Option<Outcome> {
         loop {
+            // The claim outlives the deadline by a margin, so that only an execution that
+            // will never record its outcome (its process died) lets the lease pass.
+            let lease = prepared.deadline.saturating_duration_since(Instant::now()) + LEASE_MARGIN;
             let reservation = self
                 .store
                 .reserve(
                     key,
                     fingerprint,
                     &prepared.execution_id,
+                    lease,
                     self.settings.record_ttl,
                 )
                 .await;

@@ -1,4 +1,7 @@
 //! `cargo run -p shop`: serves the shop on 127.0.0.1:3000 (`CARMY_ADDR` overrides it).
+//!
+//! Idempotency records live where `CARMY_IDEMPOTENCY_URL` says (`postgres://…`, `redis://…`,
+//! `file:PATH`), in memory when it is unset; a store that cannot be reached stops the start.
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -8,6 +11,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .init();
     let addr = std::env::var("CARMY_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
-    shop::app().serve(addr).await?;
+    let store = carmy::idempotency::connect_from_env().await?;
+    shop::app().idempotency_store(store).serve(addr).await?;
     Ok(())
 }

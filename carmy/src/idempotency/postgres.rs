@@ -1,0 +1,360 @@
+//! Records in PostgreSQL, shared by every replica that uses the same database.
+
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use futures_util::future::BoxFuture;
+use tokio_postgres::NoTls;
+
+use super::record::{Cleanup, Found, Stored};
+use super::{Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoreError};
+
+/// The schema, one versioned step at a time; applied steps are listed in
+/// `carmy_idempotency_migrations`. Append, never edit.
+const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "idempotency_records",
+    include_str!("../../migrations/postgres/0001_idempotency_records.sql"),
+)];
+
+/// Held while migrating, so replicas starting together apply each step once.
+const MIGRATION_LOCK: i64 = 0x6361_726d_7969_6470; // "carmyidp"
+
+/// How often each store deletes expired records, and how many per statement.
+const CLEANUP_EVERY: Duration = Duration::from_secs(60);
+const CLEANUP_BATCH: i64 = 1_000;
+
+/// How long a request waits for a pooled connection, or to open one, before the store reports
+/// itself unavailable.
+const POOL_TIMEOUT: Duration = Duration::from_secs(5);
+const POOL_SIZE: usize = 16;
+
+const CLAIM: &str = "\
+INSERT INTO carmy_idempotency_records AS record
+    (caller, request_id, tool, digest, execution_id, state, reserved_at, lease_until, expires_at)
+VALUES ($1, $2, $3, $4, $5, 'running', now(),
+        now() + $6::bigint * interval '1 millisecond', now() + $7::bigint * interval '1 millisecond')
+ON CONFLICT (caller, request_id) DO UPDATE
+SET tool = excluded.tool, digest = excluded.digest, execution_id = excluded.execution_id,
+    state = 'running', reserved_at = excluded.reserved_at, lease_until = excluded.lease_until,
+    expires_at = excluded.expires_at, status = NULL, category = NULL, code = NULL, body = NULL
+WHERE record.expires_at <= now()
+RETURNING 1";
+
+/// Reads the record that holds a key; a running record whose lease has passed turns uncertain
+/// in the same statement.
+const INSPECT: &str = "\
+WITH lapsed AS (
+    UPDATE carmy_idempotency_records SET state = 'uncertain'
+    WHERE caller = $1 AND request_id = $2 AND state = 'running'
+      AND lease_until < now() AND expires_at > now()
+    RETURNING tool, digest, execution_id, state, reserved_at, status, category, code, body
+)
+SELECT tool, digest, execution_id, state,
+       (extract(epoch FROM now() - reserved_at) * 1000)::bigint AS running_ms,
+       status, category, code, body
+FROM lapsed
+UNION ALL
+SELECT tool, digest, execution_id, state,
+       (extract(epoch FROM now() - reserved_at) * 1000)::bigint,
+       status, category, code, body
+FROM carmy_idempotency_records
+WHERE caller = $1 AND request_id = $2 AND expires_at > now()
+  AND NOT EXISTS (SELECT 1 FROM lapsed)";
+
+/// Only the execution that reserved the key may finish it (also after its lease passed).
+const FINISH: &str = "\
+UPDATE carmy_idempotency_records
+SET state = $4, status = $5, category = $6, code = $7, body = $8,
+    expires_at = now() + $9::bigint * interval '1 millisecond'
+WHERE caller = $1 AND request_id = $2 AND execution_id = $3 AND state <> 'finished'";
+
+const RELEASE: &str = "DELETE FROM carmy_idempotency_records WHERE caller = $1 AND request_id = $2";
+
+/// One batch of expired records; `SKIP LOCKED` lets replicas clean up side by side.
+const PURGE_BATCH: &str = "\
+DELETE FROM carmy_idempotency_records
+WHERE (caller, request_id) IN (
+    SELECT caller, request_id FROM carmy_idempotency_records
+    WHERE expires_at < now()
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)";
+
+/// Idempotency records in a PostgreSQL table, so that replicas sharing the database never run
+/// one request twice. The reservation is one `INSERT … ON CONFLICT`, atomic across replicas;
+/// expiry follows the server's clock; each store deletes expired records every minute.
+///
+/// The schema is created on connect by embedded, versioned migrations, applied under an
+/// advisory lock.
+pub struct PostgresStore {
+    pool: Pool,
+    _cleanup: Cleanup,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("pool", &self.pool.status())
+            .finish_non_exhaustive()
+    }
+}
+
+fn failed(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError(Box::new(error))
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` (`postgres://user@host:port/db`), applies the
+    /// migrations, and starts the periodic cleanup. Fails if the database cannot be reached.
+    /// Connections are not encrypted: reach the database over a trusted network or a socket.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with_cleanup(url, CLEANUP_EVERY).await
+    }
+
+    /// Like [`PostgresStore::connect`], deleting expired records every `interval`.
+    pub async fn connect_with_cleanup(url: &str, interval: Duration) -> Result<Self, StoreError> {
+        let mut config = tokio_postgres::Config::from_str(url).map_err(failed)?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(POOL_TIMEOUT);
+        }
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(POOL_TIMEOUT))
+            .create_timeout(Some(POOL_TIMEOUT))
+            .recycle_timeout(Some(POOL_TIMEOUT))
+            .build()
+            .map_err(failed)?;
+        let mut client = pool.get().await.map_err(failed)?;
+        migrate(&mut client).await.map_err(failed)?;
+        drop(client);
+        let cleanup = {
+            let pool = pool.clone();
+            Cleanup::every(interval, move || {
+                let pool = pool.clone();
+                async move { purge(&pool).await }
+            })
+        };
+        Ok(PostgresStore {
+            pool,
+            _cleanup: cleanup,
+        })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
+        self.pool.get().await.map_err(failed)
+    }
+
+    async fn reserve_key(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        execution_id: &str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<Reservation, StoreError> {
+        let client = self.client().await?;
+        let claim = client.prepare_cached(CLAIM).await.map_err(failed)?;
+        let inspect = client.prepare_cached(INSPECT).await.map_err(failed)?;
+        let digest = fingerprint.digest.as_slice();
+        loop {
+            let claimed = client
+                .query_opt(
+                    &claim,
+                    &[
+                        &key.caller(),
+                        &key.request_id(),
+                        &&*fingerprint.tool,
+                        &digest,
+                        &execution_id,
+                        &millis(lease),
+                        &millis(ttl),
+                    ],
+                )
+                .await
+                .map_err(failed)?;
+            if claimed.is_some() {
+                return Ok(Reservation::Reserved);
+            }
+            let row = client
+                .query_opt(&inspect, &[&key.caller(), &key.request_id()])
+                .await
+                .map_err(failed)?;
+            // No row: the holder was released or expired in between; claim again.
+            let Some(row) = row else { continue };
+            let body: Option<Vec<u8>> = row.try_get("body").map_err(failed)?;
+            let status: Option<String> = row.try_get("status").map_err(failed)?;
+            let found = Found {
+                tool: row.try_get("tool").map_err(failed)?,
+                digest: row.try_get("digest").map_err(failed)?,
+                execution_id: row.try_get("execution_id").map_err(failed)?,
+                state: row.try_get("state").map_err(failed)?,
+                running_for: Duration::from_millis(
+                    u64::try_from(row.try_get::<_, i64>("running_ms").map_err(failed)?)
+                        .unwrap_or(0),
+                ),
+                response: match (status, body) {
+                    (Some(status), Some(body)) => Some(Stored {
+                        status,
+                        category: row.try_get("category").map_err(failed)?,
+                        code: row.try_get("code").map_err(failed)?,
+                        body,
+                    }),
+                    _ => None,
+                },
+            };
+            return found.reservation(fingerprint);
+        }
+    }
+
+    async fn finish_key(
+        &self,
+        key: &IdempotencyKey,
+        finish: &Finish,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let (state, stored) = Stored::of(finish);
+        let client = self.client().await?;
+        let statement = client.prepare_cached(FINISH).await.map_err(failed)?;
+        client
+            .execute(
+                &statement,
+                &[
+                    &key.caller(),
+                    &key.request_id(),
+                    &&**finish.execution_id(),
+                    &state,
+                    &stored.as_ref().map(|stored| stored.status.as_str()),
+                    &stored
+                        .as_ref()
+                        .and_then(|stored| stored.category.as_deref()),
+                    &stored.as_ref().and_then(|stored| stored.code.as_deref()),
+                    &stored.as_ref().map(|stored| stored.body.as_slice()),
+                    &millis(ttl),
+                ],
+            )
+            .await
+            .map_err(failed)?;
+        Ok(())
+    }
+
+    async fn release_key(&self, key: &IdempotencyKey) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(RELEASE).await.map_err(failed)?;
+        client
+            .execute(&statement, &[&key.caller(), &key.request_id()])
+            .await
+            .map_err(failed)?;
+        Ok(())
+    }
+}
+
+/// Applies the migrations not yet applied, holding the advisory lock.
+async fn migrate(client: &mut deadpool_postgres::Client) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    let migrated = apply_migrations(client).await;
+    let unlocked = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+        .await;
+    migrated?;
+    unlocked.map(drop)
+}
+
+async fn apply_migrations(
+    client: &mut deadpool_postgres::Client,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS carmy_idempotency_migrations (
+                version    integer     PRIMARY KEY,
+                name       text        NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now()
+            )",
+        )
+        .await?;
+    let applied: HashSet<i32> = client
+        .query("SELECT version FROM carmy_idempotency_migrations", &[])
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    for (version, name, sql) in MIGRATIONS {
+        if applied.contains(version) {
+            continue;
+        }
+        let transaction = client.transaction().await?;
+        transaction.batch_execute(sql).await?;
+        transaction
+            .execute(
+                "INSERT INTO carmy_idempotency_migrations (version, name) VALUES ($1, $2)",
+                &[version, name],
+            )
+            .await?;
+        transaction.commit().await?;
+        tracing::info!(version, name, "applied idempotency store migration");
+    }
+    Ok(())
+}
+
+/// Deletes every expired record, a batch per statement.
+async fn purge(pool: &Pool) -> Result<usize, StoreError> {
+    let client = pool.get().await.map_err(failed)?;
+    let statement = client.prepare_cached(PURGE_BATCH).await.map_err(failed)?;
+    let mut purged = 0;
+    loop {
+        let deleted = client
+            .execute(&statement, &[&CLEANUP_BATCH])
+            .await
+            .map_err(failed)?;
+        purged += usize::try_from(deleted).unwrap_or(usize::MAX);
+        if deleted < CLEANUP_BATCH.unsigned_abs() {
+            return Ok(purged);
+        }
+    }
+}
+
+impl IdempotencyStore for PostgresStore {
+    fn reserve<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        fingerprint: &'a Fingerprint,
+        execution_id: &'a str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
+        Box::pin(self.reserve_key(key, fingerprint, execution_id, lease, ttl))
+    }
+
+    fn finish<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        finish: Finish,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { self.finish_key(key, &finish, ttl).await })
+    }
+
+    fn release<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.release_key(key))
+    }
+
+    fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
+        Box::pin(purge(&self.pool))
+    }
+}

@@ -1,0 +1,144 @@
+//! A record as the persistent stores write and read it: plain strings and bytes, one meaning
+//! for every backend.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{ExecutionStatus, Fingerprint, Finish, Reservation, StoreError, StoredResponse};
+use crate::tool_error::Category;
+
+pub(crate) const RUNNING: &str = "running";
+pub(crate) const FINISHED: &str = "finished";
+pub(crate) const UNCERTAIN: &str = "uncertain";
+
+/// The poll interval of a duplicate waiting on a record held by another replica: short at
+/// first (most executions are quick), growing with the time the record has been running.
+fn poll_interval(running_for: Duration) -> Duration {
+    (running_for / 8).clamp(Duration::from_millis(25), Duration::from_millis(250))
+}
+
+/// What a store found under a key it could not claim.
+#[derive(Debug)]
+pub(crate) struct Found {
+    pub(crate) tool: String,
+    pub(crate) digest: Vec<u8>,
+    pub(crate) execution_id: String,
+    /// [`RUNNING`], [`FINISHED`] or [`UNCERTAIN`] (a running record whose lease has passed is
+    /// reported, and stored, as uncertain).
+    pub(crate) state: String,
+    /// How long ago the key was reserved (sets a waiting duplicate's poll interval).
+    pub(crate) running_for: Duration,
+    pub(crate) response: Option<Stored>,
+}
+
+/// The columns of a finished record's response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stored {
+    pub(crate) status: String,
+    pub(crate) category: Option<String>,
+    pub(crate) code: Option<String>,
+    pub(crate) body: Vec<u8>,
+}
+
+impl Found {
+    /// What the runtime is told about this record when it asks for `fingerprint`.
+    pub(crate) fn reservation(self, fingerprint: &Fingerprint) -> Result<Reservation, StoreError> {
+        if self.tool != *fingerprint.tool || self.digest != fingerprint.digest {
+            return Ok(Reservation::Conflict {
+                tool: Arc::from(self.tool),
+            });
+        }
+        match (self.state.as_str(), self.response) {
+            (RUNNING, _) => Ok(Reservation::Running {
+                changed: Box::pin(tokio::time::sleep(poll_interval(self.running_for))),
+            }),
+            (UNCERTAIN, _) => Ok(Reservation::Uncertain {
+                execution_id: Arc::from(self.execution_id),
+            }),
+            (FINISHED, Some(stored)) => {
+                Ok(Reservation::Finished(stored.response(&self.execution_id)?))
+            }
+            (state, _) => Err(StoreError::message(format!(
+                "unreadable idempotency record: state `{state}`"
+            ))),
+        }
+    }
+}
+
+impl Stored {
+    /// The record's state and response columns for `finish`.
+    pub(crate) fn of(finish: &Finish) -> (&'static str, Option<Stored>) {
+        match finish {
+            Finish::Response(response) => (
+                FINISHED,
+                Some(Stored {
+                    status: response.status.as_str().to_owned(),
+                    category: response
+                        .category
+                        .map(|category| category.as_str().to_owned()),
+                    code: response.code.as_deref().map(str::to_owned),
+                    body: response.body.to_vec(),
+                }),
+            ),
+            Finish::Uncertain { .. } => (UNCERTAIN, None),
+        }
+    }
+
+    fn response(self, execution_id: &str) -> Result<StoredResponse, StoreError> {
+        let unreadable = |what: &str, value: &str| {
+            StoreError::message(format!("unreadable idempotency record: {what} `{value}`"))
+        };
+        let status = ExecutionStatus::from_wire(&self.status)
+            .ok_or_else(|| unreadable("status", &self.status))?;
+        let category = match self.category.as_deref() {
+            Some(name) => {
+                Some(Category::from_wire(name).ok_or_else(|| unreadable("category", name))?)
+            }
+            None => None,
+        };
+        Ok(StoredResponse {
+            execution_id: Arc::from(execution_id),
+            status,
+            category,
+            code: self.code.map(Arc::from),
+            body: Bytes::from(self.body),
+        })
+    }
+}
+
+/// A store's periodic deletion of expired records; it stops when the store is dropped.
+#[cfg(any(feature = "postgres", feature = "file"))]
+pub(crate) struct Cleanup(tokio::task::JoinHandle<()>);
+
+#[cfg(any(feature = "postgres", feature = "file"))]
+impl Cleanup {
+    /// Runs `purge` every `interval`, the first time one interval from now.
+    pub(crate) fn every<F>(interval: Duration, purge: impl Fn() -> F + Send + 'static) -> Self
+    where
+        F: std::future::Future<Output = Result<usize, StoreError>> + Send,
+    {
+        Cleanup(tokio::spawn(async move {
+            let start = tokio::time::Instant::now() + interval;
+            let mut ticks = tokio::time::interval_at(start, interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                match purge().await {
+                    Ok(purged) => tracing::debug!(purged, "purged expired idempotency records"),
+                    Err(error) => {
+                        tracing::warn!(%error, "could not purge expired idempotency records");
+                    }
+                }
+            }
+        }))
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "file"))]
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
