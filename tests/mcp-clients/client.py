@@ -1,9 +1,9 @@
 """Drives a carmy server over MCP with the official Python SDK, in one protocol generation.
 
-Usage: python client.py URL MODE, where MODE is `2026-07-28` or `legacy` (the 2025-11-25
-`initialize` handshake with `Mcp-Session-Id`). Exits non-zero, naming the check, on the first
-failure. The URL's server must be fresh: `create_order` numbers orders from 1 per process, so
-runs against one server use distinct request ids.
+Usage: `python client.py MODE URL` (Streamable HTTP) or `python client.py MODE --stdio COMMAND
+ARG...` (a server started as a subprocess, speaking on its stdin and stdout), where MODE is
+`2026-07-28` or `legacy` (the 2025-11-25 `initialize` handshake, with `Mcp-Session-Id` over
+HTTP). Exits non-zero, naming the check, on the first failure.
 """
 
 import asyncio
@@ -11,7 +11,7 @@ import json
 import sys
 import uuid
 
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
@@ -24,8 +24,12 @@ def check(condition, what):
     print(f"ok: {what}")
 
 
-async def run(url: str, mode: str) -> None:
-    async with Client(streamable_http_client(url), mode=mode) as client:
+async def run(mode: str, target: list[str]) -> None:
+    if target[0] == "--stdio":
+        server = StdioServerParameters(command=target[1], args=target[2:])
+    else:
+        server = streamable_http_client(target[0])
+    async with Client(server, mode=mode) as client:
         check(client.protocol_version == ("2025-11-25" if mode == "legacy" else mode),
               f"negotiated {client.protocol_version}")
 
@@ -112,4 +116,5 @@ async def run(url: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(run(sys.argv[1], sys.argv[2]))
+    # Give up rather than hang the test that runs this script.
+    asyncio.run(asyncio.wait_for(run(sys.argv[1], sys.argv[2:]), timeout=60))

@@ -14,10 +14,12 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, ORIGIN, WWW_AUTHENTICATE};
+use axum::body::Body;
+use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, WWW_AUTHENTICATE};
 use axum::http::HeaderValue;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
 use rmcp::ServiceExt;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -115,7 +117,35 @@ async fn admit(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> R
         }
         Err(error) => return refusal(&error),
     }
-    next.run(Request::from_parts(parts, body)).await
+    json_refusal(next.run(Request::from_parts(parts, body)).await).await
+}
+
+/// The SDK refuses some requests (wrong method, `Accept` or `Content-Type`) in plain text:
+/// the same refusal, as a JSON-RPC error without an id.
+async fn json_refusal(response: Response) -> Response {
+    let is_json = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/json"));
+    if is_json || !(response.status().is_client_error() || response.status().is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = body.collect().await.map(|body| body.to_bytes()).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let message = match text.trim() {
+        "" => parts.status.canonical_reason().unwrap_or("refused"),
+        text => text,
+    };
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": { "code": INVALID_REQUEST, "message": message },
+    });
+    parts.headers.insert(CONTENT_TYPE, JSON.clone());
+    parts.headers.remove(CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body.to_string()))
 }
 
 /// A transport-level refusal: the HTTP status of the carmy error, and a JSON-RPC error without
