@@ -44,16 +44,20 @@ fn modern(id: u64, method: &str, mut params: Value) -> Request<Body> {
 
 /// A 2026-07-28 `tools/call`.
 fn call(id: u64, tool: &str, arguments: Value, meta: Value) -> Request<Body> {
-    modern(
-        id,
-        "tools/call",
-        json!({ "name": tool, "arguments": arguments, "_meta": meta }),
-    )
+    let mut params = json!({ "name": tool });
+    params["arguments"] = arguments;
+    params["_meta"] = meta;
+    modern(id, "tools/call", params)
 }
 
 /// The JSON-RPC `result` of a JSON answer.
 fn result(answer: &Answer) -> Value {
-    assert_eq!(answer.status, StatusCode::OK, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(
+        answer.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
     let body = answer.json();
     assert_eq!(body["jsonrpc"], "2.0");
     body["result"].clone()
@@ -61,7 +65,12 @@ fn result(answer: &Answer) -> Value {
 
 /// The JSON-RPC `error` of an answer, checking its HTTP status.
 fn rpc_error(answer: &Answer, status: StatusCode) -> Value {
-    assert_eq!(answer.status, status, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(
+        answer.status,
+        status,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
     assert_eq!(answer.header("content-type"), Some("application/json"));
     answer.json()["error"].clone()
 }
@@ -78,10 +87,19 @@ async fn tools_list_describes_every_tool_with_hints_and_carmy_metadata() {
     assert_eq!(listed["ttlMs"], 60_000);
     assert_eq!(listed["cacheScope"], "private");
     let tools = listed["tools"].as_array().unwrap();
-    let names: Vec<&str> = tools.iter().map(|tool| tool["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = tools
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap())
+        .collect();
     assert_eq!(
         names,
-        ["cancel_order", "create_order", "generate_report", "get_order", "list_products"]
+        [
+            "cancel_order",
+            "create_order",
+            "generate_report",
+            "get_order",
+            "list_products"
+        ]
     );
 
     let catalog = carmy_tests::get(&router, "/agent/tools").await.json();
@@ -108,7 +126,10 @@ async fn tools_list_describes_every_tool_with_hints_and_carmy_metadata() {
     assert_eq!(hints("generate_report"), [true, false, true, false]);
     assert_eq!(hints("create_order"), [false, false, false, false]);
     assert_eq!(hints("cancel_order"), [false, true, true, false]);
-    let create = tools.iter().find(|tool| tool["name"] == "create_order").unwrap();
+    let create = tools
+        .iter()
+        .find(|tool| tool["name"] == "create_order")
+        .unwrap();
     assert_eq!(create["title"], "Create order");
 }
 
@@ -137,10 +158,25 @@ async fn headers_that_disagree_with_the_body_are_refused() {
         }
     });
     let cases: [&[(&str, &str)]; 4] = [
-        &[("mcp-protocol-version", MODERN), ("mcp-method", "tools/list"), ("mcp-name", "list_products")],
-        &[("mcp-protocol-version", MODERN), ("mcp-method", "tools/call"), ("mcp-name", "get_order")],
-        &[("mcp-protocol-version", "2025-11-25"), ("mcp-method", "tools/call"), ("mcp-name", "list_products")],
-        &[("mcp-protocol-version", MODERN), ("mcp-name", "list_products")],
+        &[
+            ("mcp-protocol-version", MODERN),
+            ("mcp-method", "tools/list"),
+            ("mcp-name", "list_products"),
+        ],
+        &[
+            ("mcp-protocol-version", MODERN),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "get_order"),
+        ],
+        &[
+            ("mcp-protocol-version", "2025-11-25"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "list_products"),
+        ],
+        &[
+            ("mcp-protocol-version", MODERN),
+            ("mcp-name", "list_products"),
+        ],
     ];
     for headers in cases {
         let answer = send(&router, post(&body, headers)).await;
@@ -167,7 +203,10 @@ async fn unsupported_versions_are_refused_with_the_supported_ones() {
             "io.modelcontextprotocol/clientCapabilities": {}
         } }
     });
-    let headers = [("mcp-protocol-version", "2099-01-01"), ("mcp-method", "tools/list")];
+    let headers = [
+        ("mcp-protocol-version", "2099-01-01"),
+        ("mcp-method", "tools/list"),
+    ];
     let answer = send(&router, post(&body, &headers)).await;
     let error = rpc_error(&answer, StatusCode::BAD_REQUEST);
     assert_eq!(error["code"], -32022);
@@ -176,9 +215,15 @@ async fn unsupported_versions_are_refused_with_the_supported_ones() {
     assert!(supported.contains(&json!("2026-07-28")) && supported.contains(&json!("2025-11-25")));
 
     // A 2026-07-28 request without its envelope is invalid, not a legacy one.
-    let headers = [("mcp-protocol-version", MODERN), ("mcp-method", "tools/list")];
+    let headers = [
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", "tools/list"),
+    ];
     let bare = json!({ "jsonrpc": "2.0", "id": 8, "method": "tools/list", "params": {} });
-    let error = rpc_error(&send(&router, post(&bare, &headers)).await, StatusCode::BAD_REQUEST);
+    let error = rpc_error(
+        &send(&router, post(&bare, &headers)).await,
+        StatusCode::BAD_REQUEST,
+    );
     assert_eq!(error["code"], -32602);
 
     // `initialize` with an unknown version is answered with the newest handshake version.
@@ -200,7 +245,10 @@ async fn unsupported_methods_are_not_found() {
         .body(Body::empty())
         .unwrap();
     let answer = send(&router, wrong_method).await;
-    assert_eq!(rpc_error(&answer, StatusCode::METHOD_NOT_ALLOWED)["code"], -32600);
+    assert_eq!(
+        rpc_error(&answer, StatusCode::METHOD_NOT_ALLOWED)["code"],
+        -32600
+    );
     assert!(answer.header("allow").unwrap().contains("POST"));
 }
 
@@ -211,13 +259,21 @@ async fn foreign_origins_are_refused() {
         .router()
         .unwrap();
     let list = |origin: &'static str| modern_with(1, "tools/list", json!({}), ("origin", origin));
-    for origin in ["http://evil.example", "null", "http://localhost.evil.example:3000"] {
+    for origin in [
+        "http://evil.example",
+        "null",
+        "http://localhost.evil.example:3000",
+    ] {
         let answer = send(&router, list(origin)).await;
         let error = rpc_error(&answer, StatusCode::FORBIDDEN);
         assert_eq!(error["data"]["code"], "ORIGIN_NOT_ALLOWED", "{origin}");
         assert_eq!(answer.json()["id"], Value::Null);
     }
-    for origin in ["http://localhost:6274", "http://127.0.0.1:3000", "https://app.example.com"] {
+    for origin in [
+        "http://localhost:6274",
+        "http://127.0.0.1:3000",
+        "https://app.example.com",
+    ] {
         let answer = send(&router, list(origin)).await;
         assert_eq!(answer.status, StatusCode::OK, "{origin}");
     }
@@ -229,11 +285,21 @@ async fn foreign_origins_are_refused() {
     assert_eq!(send(&router, handshake).await.status, StatusCode::FORBIDDEN);
 }
 
-fn modern_with(id: u64, method: &str, params: Value, header: (&str, &'static str)) -> Request<Body> {
+fn modern_with(
+    id: u64,
+    method: &str,
+    params: Value,
+    header: (&str, &'static str),
+) -> Request<Body> {
     let mut request = modern(id, method, params);
-    request
-        .headers_mut()
-        .insert(header.0.to_owned().parse::<axum::http::HeaderName>().unwrap(), header.1.parse().unwrap());
+    request.headers_mut().insert(
+        header
+            .0
+            .to_owned()
+            .parse::<axum::http::HeaderName>()
+            .unwrap(),
+        header.1.parse().unwrap(),
+    );
     request
 }
 
@@ -266,7 +332,10 @@ async fn notifications_are_accepted_with_202() {
     let notification = json!({
         "jsonrpc": "2.0", "method": "notifications/cancelled", "params": { "requestId": 9 }
     });
-    let headers = [("mcp-protocol-version", MODERN), ("mcp-method", "notifications/cancelled")];
+    let headers = [
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", "notifications/cancelled"),
+    ];
     let answer = send(&router, post(&notification, &headers)).await;
     assert_eq!(answer.status, StatusCode::ACCEPTED);
     assert!(answer.body.is_empty());
@@ -280,21 +349,44 @@ async fn notifications_are_accepted_with_202() {
 #[tokio::test]
 async fn tools_call_answers_structured_content_or_the_carmy_error() {
     let router = shop::app().router().unwrap();
-    let called = result(&send(&router, call(1, "get_order", json!({ "order_id": 99 }), json!({}))).await);
+    let called = result(
+        &send(
+            &router,
+            call(1, "get_order", json!({ "order_id": 99 }), json!({})),
+        )
+        .await,
+    );
     assert_eq!(called["isError"], true);
     assert!(called.get("structuredContent").is_none(), "{called}");
     let error = &called["_meta"]["dev.carmy/error"];
     assert_eq!(error["code"], "ORDER_NOT_FOUND");
     assert_eq!(error["category"], "not_found");
     assert_eq!(error["retryable"], false);
-    assert_eq!(serde_json::from_str::<Value>(called["content"][0]["text"].as_str().unwrap()).unwrap(), *error);
+    assert_eq!(
+        serde_json::from_str::<Value>(called["content"][0]["text"].as_str().unwrap()).unwrap(),
+        *error
+    );
     assert_eq!(called["_meta"]["dev.carmy/status"], "failed");
 
-    let placed = result(&send(&router, call(2, "create_order", json!({ "sku": "KB-01" }), json!({}))).await);
+    let placed = result(
+        &send(
+            &router,
+            call(2, "create_order", json!({ "sku": "KB-01" }), json!({})),
+        )
+        .await,
+    );
     assert_eq!(placed["isError"], false);
     assert_eq!(placed["structuredContent"], json!({ "order_id": 1 }));
-    assert_eq!(placed["content"][0], json!({ "type": "text", "text": "{\"order_id\":1}" }));
-    assert!(placed["_meta"]["dev.carmy/execution_id"].as_str().unwrap().starts_with("exec_"));
+    assert_eq!(
+        placed["content"][0],
+        json!({ "type": "text", "text": "{\"order_id\":1}" })
+    );
+    assert!(
+        placed["_meta"]["dev.carmy/execution_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("exec_")
+    );
 
     // A protocol error, answered in-band (`200`): the SDK keeps `400` for malformed envelopes.
     let unknown = send(&router, call(3, "no_such_tool", json!({}), json!({}))).await;
@@ -308,25 +400,67 @@ async fn the_request_id_in_meta_is_the_idempotency_key() {
     let probe = Probe::default();
     let router = router(&probe);
     let key = json!({ "dev.carmy/request_id": "mcp-1" });
-    let first = result(&send(&router, call(1, "count", json!({ "text": "a" }), key.clone())).await);
-    let again = result(&send(&router, call(2, "count", json!({ "text": "a" }), key.clone())).await);
+    let first = result(
+        &send(
+            &router,
+            call(1, "count", json!({ "text": "a" }), key.clone()),
+        )
+        .await,
+    );
+    let again = result(
+        &send(
+            &router,
+            call(2, "count", json!({ "text": "a" }), key.clone()),
+        )
+        .await,
+    );
     assert_eq!(first["structuredContent"], json!({ "run": 1 }));
     assert_eq!(again["structuredContent"], first["structuredContent"]);
-    assert_eq!(again["_meta"]["dev.carmy/execution_id"], first["_meta"]["dev.carmy/execution_id"]);
-    assert_eq!((first["_meta"]["dev.carmy/replayed"].clone(), again["_meta"]["dev.carmy/replayed"].clone()), (json!(false), json!(true)));
+    assert_eq!(
+        again["_meta"]["dev.carmy/execution_id"],
+        first["_meta"]["dev.carmy/execution_id"]
+    );
+    assert_eq!(
+        (
+            first["_meta"]["dev.carmy/replayed"].clone(),
+            again["_meta"]["dev.carmy/replayed"].clone()
+        ),
+        (json!(false), json!(true))
+    );
     assert_eq!(probe.runs(), 1);
 
     // The same key over HTTP is the same record: one namespace per caller, whatever the transport.
-    let http = carmy_tests::execute(&router, &json!({ "tool": "count", "arguments": { "text": "a" }, "request_id": "mcp-1" })).await;
+    let http = carmy_tests::execute(
+        &router,
+        &json!({ "tool": "count", "arguments": { "text": "a" }, "request_id": "mcp-1" }),
+    )
+    .await;
     assert_eq!(http.header("carmy-replayed"), Some("true"));
 
     let conflict = result(&send(&router, call(3, "count", json!({ "text": "b" }), key)).await);
     assert_eq!(conflict["isError"], true);
-    assert_eq!(conflict["_meta"]["dev.carmy/error"]["code"], "IDEMPOTENCY_CONFLICT");
+    assert_eq!(
+        conflict["_meta"]["dev.carmy/error"]["code"],
+        "IDEMPOTENCY_CONFLICT"
+    );
 
-    let malformed = result(&send(&router, call(4, "count", json!({ "text": "c" }), json!({ "dev.carmy/request_id": 5 }))).await);
+    let malformed = result(
+        &send(
+            &router,
+            call(
+                4,
+                "count",
+                json!({ "text": "c" }),
+                json!({ "dev.carmy/request_id": 5 }),
+            ),
+        )
+        .await,
+    );
     assert_eq!(malformed["isError"], true);
-    assert_eq!(malformed["_meta"]["dev.carmy/error"]["code"], "INVALID_REQUEST");
+    assert_eq!(
+        malformed["_meta"]["dev.carmy/error"]["code"],
+        "INVALID_REQUEST"
+    );
     assert_eq!(probe.runs(), 1);
 }
 
@@ -338,7 +472,10 @@ async fn confirmation_is_granted_only_on_the_server_side() {
     let meta = json!({ "permissions": ["confirm:wipe"], "dev.carmy/principal": "admin" });
     let refused = result(&send(&router, call(1, "wipe", json!({}), meta)).await);
     assert_eq!(refused["isError"], true);
-    assert_eq!(refused["_meta"]["dev.carmy/error"]["code"], "CONFIRMATION_REQUIRED");
+    assert_eq!(
+        refused["_meta"]["dev.carmy/error"]["code"],
+        "CONFIRMATION_REQUIRED"
+    );
     assert_eq!(probe.runs(), 0);
 
     // Host middleware attaches the caller, as for `/agent/execute`.
@@ -359,27 +496,44 @@ async fn progress_is_streamed_when_the_client_sends_a_token() {
     let probe = Probe::default();
     let router = router(&probe);
     let meta = json!({ "progressToken": "p-1" });
-    let answer = send(&router, call(5, "slow_read", json!({ "millis": 100 }), meta)).await;
+    let answer = send(
+        &router,
+        call(5, "slow_read", json!({ "millis": 100 }), meta),
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::OK);
-    assert!(answer.header("content-type").unwrap().starts_with("text/event-stream"));
-    let messages: Vec<Value> = parse_sse(&String::from_utf8_lossy(&answer.body).replace("\r\n", "\n"))
-        .into_iter()
-        .filter_map(|event| event.data.filter(|data| !data.is_empty()))
-        .map(|data| serde_json::from_str(&data).unwrap())
-        .collect();
+    assert!(
+        answer
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let messages: Vec<Value> =
+        parse_sse(&String::from_utf8_lossy(&answer.body).replace("\r\n", "\n"))
+            .into_iter()
+            .filter_map(|event| event.data.filter(|data| !data.is_empty()))
+            .map(|data| serde_json::from_str(&data).unwrap())
+            .collect();
     let (last, progress) = messages.split_last().unwrap();
     assert_eq!(progress.len(), 10, "{messages:?}");
     for (step, notification) in progress.iter().enumerate() {
         assert_eq!(notification["method"], "notifications/progress");
         assert_eq!(notification["params"]["progressToken"], "p-1");
-        assert_eq!(notification["params"]["progress"].as_f64(), Some(step as f64 + 1.0));
+        assert_eq!(
+            notification["params"]["progress"].as_f64(),
+            Some(step as f64 + 1.0)
+        );
         assert_eq!(notification["params"]["total"].as_f64(), Some(10.0));
     }
     assert_eq!(last["id"], 5);
     assert_eq!(last["result"]["structuredContent"], json!({ "run": 1 }));
 
     // Without a token, the same call is one JSON answer.
-    let answer = send(&router, call(6, "slow_read", json!({ "millis": 10 }), json!({}))).await;
+    let answer = send(
+        &router,
+        call(6, "slow_read", json!({ "millis": 10 }), json!({})),
+    )
+    .await;
     assert_eq!(answer.header("content-type"), Some("application/json"));
 }
 
@@ -401,8 +555,15 @@ async fn a_closed_stream_cancels_the_execution() {
         .expect("the tool sees the cancellation within 1 s");
 
     // As over HTTP, an interrupted non-idempotent write is uncertain.
-    let retry = result(&server.send(call(2, "slow_write", json!({ "millis": 1500 }), key)).await);
-    assert_eq!(retry["_meta"]["dev.carmy/error"]["code"], "EXECUTION_UNCERTAIN");
+    let retry = result(
+        &server
+            .send(call(2, "slow_write", json!({ "millis": 1500 }), key))
+            .await,
+    );
+    assert_eq!(
+        retry["_meta"]["dev.carmy/error"]["code"],
+        "EXECUTION_UNCERTAIN"
+    );
     assert_eq!(probe.runs(), 1);
 }
 
@@ -419,7 +580,11 @@ async fn notifications_cancelled_cancels_the_execution_of_a_session() {
     let request = post(&slow, &session.headers());
     let pending = tokio::spawn(async move {
         let response = sender.send_request(request).await.expect("response");
-        response.into_body().collect().await.map(|body| body.to_bytes())
+        response
+            .into_body()
+            .collect()
+            .await
+            .map(|body| body.to_bytes())
     });
     probe.wait_runs(1).await;
     let cancelled = json!({
@@ -441,7 +606,10 @@ struct Session {
 
 impl Session {
     fn headers(&self) -> [(&str, &str); 2] {
-        [("mcp-session-id", &self.id), ("mcp-protocol-version", "2025-11-25")]
+        [
+            ("mcp-session-id", &self.id),
+            ("mcp-protocol-version", "2025-11-25"),
+        ]
     }
 }
 
@@ -474,9 +642,15 @@ fn parse_sse_data(text: &str) -> Vec<Value> {
 
 fn session_of(answer: &Answer) -> Session {
     assert_eq!(answer.status, StatusCode::OK);
-    assert_eq!(sse_reply(&answer.body)["result"]["protocolVersion"], "2025-11-25");
+    assert_eq!(
+        sse_reply(&answer.body)["result"]["protocolVersion"],
+        "2025-11-25"
+    );
     Session {
-        id: answer.header("mcp-session-id").expect("a session id").to_owned(),
+        id: answer
+            .header("mcp-session-id")
+            .expect("a session id")
+            .to_owned(),
     }
 }
 

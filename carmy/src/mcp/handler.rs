@@ -8,8 +8,8 @@ use std::sync::Arc;
 use axum::http::request::Parts;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-    ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam,
-    ProgressToken, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
+    ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
+    ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -206,7 +206,10 @@ fn answer(outcome: &Outcome, structured: bool) -> Result<CallToolResponse, Error
     meta.insert("dev.carmy/replayed".to_owned(), outcome.replayed.into());
     if let Some(error) = body.remove("error") {
         if outcome.response.code.as_deref() == Some(codes::TOOL_NOT_FOUND) {
-            let message = error["message"].as_str().unwrap_or("unknown tool").to_owned();
+            let message = error["message"]
+                .as_str()
+                .unwrap_or("unknown tool")
+                .to_owned();
             return Err(ErrorData::invalid_params(message, Some(error)));
         }
         return Ok(failure(&error, meta).into());

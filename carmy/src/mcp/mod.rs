@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Request, State};
 use axum::body::Body;
-use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, WWW_AUTHENTICATE};
+use axum::extract::{Request, State};
 use axum::http::HeaderValue;
+use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, WWW_AUTHENTICATE};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
@@ -132,7 +132,11 @@ async fn json_refusal(response: Response) -> Response {
         return response;
     }
     let (mut parts, body) = response.into_parts();
-    let text = body.collect().await.map(|body| body.to_bytes()).unwrap_or_default();
+    let text = body
+        .collect()
+        .await
+        .map(|body| body.to_bytes())
+        .unwrap_or_default();
     let text = String::from_utf8_lossy(&text);
     let message = match text.trim() {
         "" => parts.status.canonical_reason().unwrap_or("refused"),
@@ -195,7 +199,11 @@ fn origin_allowed(origin: &HeaderValue, allowed: &[String]) -> bool {
         || port.strip_prefix(':').is_some_and(|digits| {
             !digits.is_empty() && digits.bytes().all(|byte| byte.is_ascii_digit())
         });
-    port_ok && matches!(host.to_ascii_lowercase().as_str(), "localhost" | "127.0.0.1" | "::1")
+    port_ok
+        && matches!(
+            host.to_ascii_lowercase().as_str(),
+            "localhost" | "127.0.0.1" | "::1"
+        )
 }
 
 #[cfg(test)]
@@ -205,9 +213,8 @@ mod tests {
     #[test]
     fn loopback_and_listed_origins_are_allowed() {
         let listed = vec!["https://app.example.com".to_owned()];
-        let allowed = |origin: &'static str| {
-            origin_allowed(&HeaderValue::from_static(origin), &listed)
-        };
+        let allowed =
+            |origin: &'static str| origin_allowed(&HeaderValue::from_static(origin), &listed);
         assert!(allowed("http://localhost"));
         assert!(allowed("http://localhost:6274"));
         assert!(allowed("https://127.0.0.1:3000"));
