@@ -231,6 +231,7 @@ impl App {
             http.authenticator.clone(),
             &mcp,
             http.keep_alive,
+            runtime.shutdown_token(),
         ));
         Ok((router, runtime))
     }

@@ -665,3 +665,37 @@ async fn handshake_over(server: &Server) -> Session {
     assert_eq!(answer.status, StatusCode::ACCEPTED);
     session
 }
+
+#[tokio::test]
+async fn a_graceful_shutdown_ends_open_session_streams() {
+    let probe = Probe::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let app = tools::app(&probe).shutdown_grace(Duration::from_millis(200));
+    let serving = tokio::spawn(app.serve_with_shutdown(listener, async move {
+        let _ = stopped.await;
+    }));
+    let session = session_of(&carmy_tests::send_to(addr, initialize("2025-11-25")).await);
+    // The session's standalone stream, which stays open for server-sent messages.
+    let (mut sender, _connection) = carmy_tests::connect(addr).await;
+    let mut stream = Request::get("/mcp")
+        .header("host", "localhost")
+        .header("accept", "text/event-stream");
+    for (name, value) in session.headers() {
+        stream = stream.header(name, value);
+    }
+    let stream = sender
+        .send_request(stream.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(3), serving)
+        .await
+        .expect("the server stops although a session stream is open")
+        .unwrap()
+        .unwrap();
+    drop(stream);
+}

@@ -24,6 +24,7 @@ use rmcp::ServiceExt;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use crate::auth::{self, Authenticator};
 use crate::context::Principal;
@@ -50,12 +51,14 @@ pub(crate) struct McpSettings {
     pub(crate) stdio_principal: Principal,
 }
 
-/// `/mcp`, behind the gate.
+/// `/mcp`, behind the gate. `shutdown` ends every session and stream (the end of a graceful
+/// shutdown: an open session stream would otherwise keep the server up forever).
 pub(crate) fn router(
     handler: McpHandler,
     authenticator: Option<Arc<dyn Authenticator>>,
     settings: &McpSettings,
     keep_alive: Duration,
+    shutdown: CancellationToken,
 ) -> Router {
     let config = StreamableHttpServerConfig::default()
         // The gate checks the Origin, which is what stops DNS rebinding; a Host allowlist
@@ -63,7 +66,8 @@ pub(crate) fn router(
         .disable_allowed_hosts()
         // Short calls are answered as plain JSON; a call that reports progress streams.
         .with_json_response(true)
-        .with_sse_keep_alive(Some(keep_alive));
+        .with_sse_keep_alive(Some(keep_alive))
+        .with_cancellation_token(shutdown);
     let service = StreamableHttpService::new(
         move || Ok(handler.clone()),
         Arc::new(LocalSessionManager::default()),
