@@ -15,7 +15,9 @@ use crate::auth::Authenticator;
 use crate::runtime::Runtime;
 use crate::tool_error::{ToolError, codes};
 
-pub(crate) use documents::{Documents, MCP_PATH};
+pub(crate) use documents::Documents;
+#[cfg(feature = "mcp")]
+pub(crate) use documents::MCP_PATH;
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
 #[derive(Clone)]
