@@ -11,6 +11,8 @@ use crate::catalog::Catalog;
 use crate::error::Error;
 use crate::http::{self, HttpSettings};
 use crate::idempotency::{IdempotencyStore, MemoryStore};
+#[cfg(feature = "mcp")]
+use crate::mcp::{self, McpHandler, McpSettings};
 use crate::runtime::{Runtime, Settings};
 use crate::state::StateMap;
 use crate::tool::{self, ToolDescriptor};
@@ -37,6 +39,8 @@ pub struct App {
     store: Option<Arc<dyn IdempotencyStore>>,
     settings: Settings,
     http: HttpSettings,
+    #[cfg(feature = "mcp")]
+    mcp: McpSettings,
     shutdown_grace: Duration,
 }
 
@@ -67,6 +71,8 @@ impl App {
             store: None,
             settings: Settings::default(),
             http: HttpSettings::default(),
+            #[cfg(feature = "mcp")]
+            mcp: McpSettings::default(),
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -141,6 +147,22 @@ impl App {
         self
     }
 
+    /// Allows MCP requests from a browser origin besides the loopback ones, e.g.
+    /// `https://app.example.com`. Any other `Origin` is refused with `403`.
+    #[cfg(feature = "mcp")]
+    pub fn mcp_allowed_origin(mut self, origin: impl Into<String>) -> Self {
+        self.mcp.allowed_origins.push(origin.into());
+        self
+    }
+
+    /// The caller of MCP requests over stdio, where no request head exists to authenticate
+    /// (default: anonymous). The desktop host that starts the process decides.
+    #[cfg(feature = "mcp")]
+    pub fn mcp_stdio_principal(mut self, principal: crate::Principal) -> Self {
+        self.mcp.stdio_principal = principal;
+        self
+    }
+
     /// Checks the app and builds the router. Every mistake (duplicate tool names, missing
     /// state, an input schema that is not an object) is found here, never at request time.
     pub fn router(self) -> Result<axum::Router, Error> {
@@ -150,7 +172,14 @@ impl App {
     /// Serves the app on `addr` until SIGINT or SIGTERM, then shuts down gracefully: stops
     /// accepting connections, lets executions in flight finish within the grace period, then
     /// cancels the rest.
+    ///
+    /// With the `mcp` feature, a program started as `program mcp` serves MCP on stdin and
+    /// stdout instead (see [`App::serve_stdio`]).
     pub async fn serve(self, addr: impl tokio::net::ToSocketAddrs) -> Result<(), Error> {
+        #[cfg(feature = "mcp")]
+        if std::env::args().nth(1).as_deref() == Some("mcp") {
+            return self.serve_stdio().await;
+        }
         let listener = tokio::net::TcpListener::bind(addr).await?;
         self.serve_with_shutdown(listener, shutdown_signal()).await
     }
@@ -187,7 +216,37 @@ impl App {
         Ok(())
     }
 
+    /// Serves MCP on stdin and stdout, for desktop hosts that start the program, until the
+    /// host closes stdin; then lets executions in flight finish. Log to stderr only.
+    #[cfg(feature = "mcp")]
+    pub async fn serve_stdio(mut self) -> Result<(), Error> {
+        let principal = std::mem::take(&mut self.mcp.stdio_principal);
+        let (name, runtime) = self.into_runtime()?;
+        tracing::info!("serving MCP on stdio");
+        mcp::serve_stdio(McpHandler::new(&name, Arc::clone(&runtime), principal)).await?;
+        runtime.wait_idle().await;
+        Ok(())
+    }
+
     pub(crate) fn build(self) -> Result<(axum::Router, Arc<Runtime>), Error> {
+        let http = self.http.clone();
+        #[cfg(feature = "mcp")]
+        let mcp = self.mcp.clone();
+        let (name, runtime) = self.into_runtime()?;
+        let router = http::router(&name, Arc::clone(&runtime), &http, cfg!(feature = "mcp"));
+        #[cfg(feature = "mcp")]
+        let router = router.merge(mcp::router(
+            McpHandler::new(&name, Arc::clone(&runtime), mcp.stdio_principal.clone()),
+            http.authenticator.clone(),
+            &mcp,
+            http.keep_alive,
+            runtime.shutdown_token(),
+        ));
+        Ok((router, runtime))
+    }
+
+    /// Checks the app and starts its runtime; returns the server's name with it.
+    fn into_runtime(self) -> Result<(String, Arc<Runtime>), Error> {
         let name = match self.name {
             Some(name) if name.trim().is_empty() => return Err(Error::EmptyName),
             Some(name) => name,
@@ -201,8 +260,7 @@ impl App {
             store,
             self.settings,
         ));
-        let router = http::router(&name, Arc::clone(&runtime), &self.http);
-        Ok((router, runtime))
+        Ok((name, runtime))
     }
 }
 

@@ -54,4 +54,8 @@ pub enum Error {
     /// Serving failed (binding the address, accepting connections).
     #[error("serving failed: {0}")]
     Io(#[from] std::io::Error),
+    /// Serving MCP over stdio failed (the handshake, or the connection).
+    #[cfg(feature = "mcp")]
+    #[error("serving MCP over stdio failed: {0}")]
+    Mcp(String),
 }

@@ -7,6 +7,8 @@ mod context;
 mod error;
 mod http;
 pub mod idempotency;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod runtime;
 mod schema;
 mod state;

@@ -82,6 +82,8 @@ pub(crate) mod codes {
     pub(crate) const TOOL_PANIC: &str = "TOOL_PANIC";
     pub(crate) const OVERLOADED: &str = "OVERLOADED";
     pub(crate) const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+    #[cfg(feature = "mcp")]
+    pub(crate) const ORIGIN_NOT_ALLOWED: &str = "ORIGIN_NOT_ALLOWED";
 }
 
 /// An error a tool returns, or the runtime produces, as agents see it.

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::tools::{self, Probe};
 
-struct OneToken;
+pub(crate) struct OneToken;
 
 impl Authenticator for OneToken {
     fn authenticate<'a>(

@@ -9,6 +9,8 @@ mod discovery;
 mod execute;
 mod fuzz;
 mod idempotency;
+mod mcp;
+mod mcp_clients;
 mod replicas;
 mod routes;
 mod schemas;

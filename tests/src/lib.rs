@@ -111,30 +111,12 @@ impl Server {
         hyper::client::conn::http1::SendRequest<Body>,
         tokio::task::JoinHandle<()>,
     ) {
-        let stream = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .expect("connect");
-        let (sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .expect("handshake");
-        let task = tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        (sender, task)
+        connect(self.addr).await
     }
 
     /// Sends `request` on a fresh connection and reads the whole answer.
     pub async fn send(&self, request: Request<Body>) -> Answer {
-        let (mut sender, _connection) = self.connect().await;
-        let response = sender.send_request(request).await.expect("response");
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await.expect("body").to_bytes();
-        Answer {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        }
+        send_to(self.addr, request).await
     }
 
     /// `GET path` with extra headers.
@@ -145,6 +127,37 @@ impl Server {
         }
         self.send(request.body(Body::empty()).expect("valid request"))
             .await
+    }
+}
+
+/// Opens a fresh HTTP/1.1 connection to `addr`. Aborting the returned task closes the socket.
+pub async fn connect(
+    addr: std::net::SocketAddr,
+) -> (
+    hyper::client::conn::http1::SendRequest<Body>,
+    tokio::task::JoinHandle<()>,
+) {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    (sender, task)
+}
+
+/// Sends `request` to `addr` on a fresh connection and reads the whole answer.
+pub async fn send_to(addr: std::net::SocketAddr, request: Request<Body>) -> Answer {
+    let (mut sender, _connection) = connect(addr).await;
+    let response = sender.send_request(request).await.expect("response");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
     }
 }
 

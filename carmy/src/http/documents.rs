@@ -20,6 +20,9 @@ pub(crate) const CATALOG_PATH: &str = "/agent/tools";
 pub(crate) const EXECUTE_PATH: &str = "/agent/execute";
 const PROTOCOL: &str = "carmy/1";
 const CAPABILITIES: &[&str] = &["tools", "streaming", "idempotency"];
+const CAPABILITIES_WITH_MCP: &[&str] = &["tools", "streaming", "idempotency", "mcp"];
+/// Where MCP is served, when it is.
+pub(crate) const MCP_PATH: &str = "/mcp";
 
 static CACHE_CONTROL_VALUE: HeaderValue = HeaderValue::from_static("private, max-age=60");
 static JSON: HeaderValue = HeaderValue::from_static("application/json");
@@ -47,6 +50,8 @@ struct DiscoveryBody<'a> {
     tools_url: &'static str,
     tools_version: &'a str,
     execute_url: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mcp_url: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -69,7 +74,7 @@ struct CatalogEntry<'a> {
 }
 
 impl Documents {
-    pub(crate) fn build(name: &str, catalog: &Catalog) -> Self {
+    pub(crate) fn build(name: &str, catalog: &Catalog, mcp: bool) -> Self {
         let tools = catalog
             .tools()
             .iter()
@@ -89,10 +94,15 @@ impl Documents {
         let discovery = Document::new(&DiscoveryBody {
             protocol: PROTOCOL,
             server: name,
-            capabilities: CAPABILITIES,
+            capabilities: if mcp {
+                CAPABILITIES_WITH_MCP
+            } else {
+                CAPABILITIES
+            },
             tools_url: CATALOG_PATH,
             tools_version: catalog.hash(),
             execute_url: EXECUTE_PATH,
+            mcp_url: mcp.then_some(MCP_PATH),
         });
         Documents { discovery, catalog }
     }

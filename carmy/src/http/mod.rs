@@ -2,7 +2,7 @@
 //! nothing of tool internals: it serves the catalog's documents and drives the runtime.
 
 mod documents;
-mod error;
+pub(crate) mod error;
 mod execute;
 
 use std::sync::Arc;
@@ -16,6 +16,8 @@ use crate::runtime::Runtime;
 use crate::tool_error::{ToolError, codes};
 
 pub(crate) use documents::Documents;
+#[cfg(feature = "mcp")]
+pub(crate) use documents::MCP_PATH;
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
 #[derive(Clone)]
@@ -35,9 +37,15 @@ impl Default for HttpSettings {
     }
 }
 
-/// The routes of protocol.md, with JSON answers for unknown routes and methods.
-pub(crate) fn router(name: &str, runtime: Arc<Runtime>, settings: &HttpSettings) -> Router {
-    let documents = Arc::new(Documents::build(name, runtime.catalog()));
+/// The routes of protocol.md, with JSON answers for unknown routes and methods. `mcp`: whether
+/// the app also serves MCP, which discovery announces.
+pub(crate) fn router(
+    name: &str,
+    runtime: Arc<Runtime>,
+    settings: &HttpSettings,
+    mcp: bool,
+) -> Router {
+    let documents = Arc::new(Documents::build(name, runtime.catalog(), mcp));
     let documents = Router::new()
         .route(documents::DISCOVERY_PATH, get(documents::discovery))
         .route(documents::CATALOG_PATH, get(documents::catalog))

@@ -181,6 +181,12 @@ impl Runtime {
         self.shutdown.cancel();
     }
 
+    /// Fires with [`Runtime::cancel_all`]: transports end their long-lived streams then.
+    #[cfg(feature = "mcp")]
+    pub(crate) fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.child_token()
+    }
+
     /// Waits until every execution has finished and recorded its outcome.
     pub(crate) async fn wait_idle(&self) {
         self.tasks.close();

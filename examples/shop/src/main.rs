@@ -1,4 +1,5 @@
-//! `cargo run -p shop`: serves the shop on 127.0.0.1:3000 (`CARMY_ADDR` overrides it).
+//! `cargo run -p shop`: serves the shop on 127.0.0.1:3000 (`CARMY_ADDR` overrides it), carmy/1
+//! and MCP at `/mcp`. `cargo run -p shop -- mcp`: serves MCP on stdin and stdout instead.
 //!
 //! Idempotency records live where `CARMY_IDEMPOTENCY_URL` says (`postgres://…`, `redis://…`,
 //! `file:PATH`), in memory when it is unset; a store that cannot be reached stops the start.
@@ -9,6 +10,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // stdout carries MCP messages under `mcp`: logs go to stderr.
+        .with_writer(std::io::stderr)
         .init();
     let addr = std::env::var("CARMY_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let store = carmy::idempotency::connect_from_env().await?;

@@ -1,0 +1,232 @@
+//! The MCP methods, answered by the runtime: `tools/list` from the catalog, `tools/call` through
+//! the same pipeline as `POST /agent/execute`. The SDK handles the wire (both protocol
+//! generations, sessions, headers, cancellation); this file only maps carmy to MCP.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use axum::http::request::Parts;
+use rmcp::model::{
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+    ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
+    ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{Peer, RequestContext};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+
+use super::tools::{self, LIST_TTL_MS};
+use crate::context::Principal;
+use crate::runtime::{self, Call, Event, Outcome, Runtime};
+use crate::tool_error::{ToolError, codes};
+
+/// The `_meta` key of a `tools/call` that carries the idempotency key, as `request_id` does
+/// over HTTP.
+pub(crate) const REQUEST_ID_META_KEY: &str = "dev.carmy/request_id";
+
+/// The protocol revisions served: the stateless 2026-07-28 and the `initialize` generations
+/// that have structured tool output.
+const SUPPORTED_VERSIONS: &[ProtocolVersion] = &[
+    ProtocolVersion::V_2025_06_18,
+    ProtocolVersion::V_2025_11_25,
+    ProtocolVersion::V_2026_07_28,
+];
+
+/// Answers MCP requests for one app. Cloned per request (the SDK's service factory), so it is a
+/// handle to shared parts.
+#[derive(Clone)]
+pub(crate) struct McpHandler {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    runtime: Arc<Runtime>,
+    tools: Vec<Tool>,
+    info: ServerConfig,
+    /// The caller of requests that come with no HTTP request (stdio).
+    local_principal: Principal,
+}
+
+impl std::fmt::Debug for McpHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpHandler")
+            .field("server", &self.shared.info.server_info.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl McpHandler {
+    pub(crate) fn new(name: &str, runtime: Arc<Runtime>, local_principal: Principal) -> Self {
+        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        info.server_info = rmcp::model::Implementation::new(name, env!("CARGO_PKG_VERSION"));
+        McpHandler {
+            shared: Arc::new(Shared {
+                tools: tools::list(runtime.catalog()),
+                runtime,
+                info,
+                local_principal,
+            }),
+        }
+    }
+
+    /// The caller: what the HTTP gate attached to the request, or the local principal.
+    fn principal(&self, context: &RequestContext<RoleServer>) -> Principal {
+        match context.extensions.get::<Parts>() {
+            Some(parts) => parts
+                .extensions
+                .get::<Principal>()
+                .cloned()
+                .unwrap_or_default(),
+            None => self.shared.local_principal.clone(),
+        }
+    }
+}
+
+impl ServerHandler for McpHandler {
+    fn get_info(&self) -> ServerConfig {
+        self.shared.info.clone()
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(SUPPORTED_VERSIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.shared.tools.clone())
+            .with_ttl_ms(LIST_TTL_MS)
+            .with_cache_scope(CacheScope::Private))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let request_id = match request_id(&context.meta.0) {
+            Ok(request_id) => request_id,
+            Err(error) => {
+                let meta = Map::from_iter([("dev.carmy/replayed".to_owned(), false.into())]);
+                return Ok(failure(&json!(error), meta).into());
+            }
+        };
+        let call = Call {
+            tool: request.name.into_owned(),
+            arguments: Value::Object(request.arguments.unwrap_or_default()),
+            request_id,
+            principal: self.principal(&context),
+        };
+        let structured = self
+            .shared
+            .runtime
+            .catalog()
+            .get(&call.tool)
+            .is_some_and(tools::has_structured_output);
+        // The SDK fires this token on `notifications/cancelled`, on a closed response stream
+        // (2026-07-28) and when the session ends.
+        let cancel = context.ct.clone();
+        let outcome = match context.meta.get_progress_token() {
+            None => self.shared.runtime.execute(call, cancel, None).await,
+            Some(token) => {
+                let (events, receiver) = mpsc::unbounded_channel();
+                let execution = self.shared.runtime.execute(call, cancel, Some(events));
+                forward_progress(execution, receiver, &context.peer, token).await
+            }
+        };
+        answer(&outcome, structured)
+    }
+}
+
+/// Runs `execution`, sending its progress as `notifications/progress` before the answer.
+async fn forward_progress(
+    execution: impl Future<Output = Outcome>,
+    mut receiver: mpsc::UnboundedReceiver<Event>,
+    peer: &Peer<RoleServer>,
+    token: ProgressToken,
+) -> Outcome {
+    let send = async |event: Event| {
+        if let Event::Progress(progress) = event {
+            let mut notification =
+                ProgressNotificationParam::new(token.clone(), progress.progress as f64);
+            notification.total = progress.total.map(|total| total as f64);
+            notification.message = progress.message;
+            // A client that is gone cancels the execution through the token; nothing to do.
+            let _ = peer.notify_progress(notification).await;
+        }
+    };
+    let mut execution = std::pin::pin!(execution);
+    loop {
+        tokio::select! {
+            biased;
+            Some(event) = receiver.recv() => send(event).await,
+            outcome = &mut execution => {
+                while let Ok(event) = receiver.try_recv() {
+                    send(event).await;
+                }
+                return outcome;
+            }
+        }
+    }
+}
+
+/// The idempotency key from the call's `_meta`, checked like HTTP's `request_id`.
+fn request_id(meta: &Map<String, Value>) -> Result<Option<String>, ToolError> {
+    match meta.get(REQUEST_ID_META_KEY) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(request_id)) => {
+            runtime::check_request_id(request_id)?;
+            Ok(Some(request_id.clone()))
+        }
+        Some(_) => Err(ToolError::invalid_request(format!(
+            "`_meta[\"{REQUEST_ID_META_KEY}\"]` must be a string"
+        ))),
+    }
+}
+
+/// The carmy/1 execution body as an MCP answer: `data` as structured content and text,
+/// `error` as an `isError` result, an unknown tool as a protocol error (as MCP asks).
+fn answer(outcome: &Outcome, structured: bool) -> Result<CallToolResponse, ErrorData> {
+    let Ok(Value::Object(mut body)) = serde_json::from_slice(&outcome.response.body) else {
+        return Err(ErrorData::internal_error("unreadable execution body", None));
+    };
+    let mut meta = Map::new();
+    for (field, key) in [
+        ("execution_id", "dev.carmy/execution_id"),
+        ("status", "dev.carmy/status"),
+        ("_agent", "dev.carmy/agent"),
+    ] {
+        if let Some(value) = body.remove(field) {
+            meta.insert(key.to_owned(), value);
+        }
+    }
+    meta.insert("dev.carmy/replayed".to_owned(), outcome.replayed.into());
+    if let Some(error) = body.remove("error") {
+        if outcome.response.code.as_deref() == Some(codes::TOOL_NOT_FOUND) {
+            let message = error["message"]
+                .as_str()
+                .unwrap_or("unknown tool")
+                .to_owned();
+            return Err(ErrorData::invalid_params(message, Some(error)));
+        }
+        return Ok(failure(&error, meta).into());
+    }
+    let data = body.remove("data").unwrap_or(Value::Null);
+    let mut result = CallToolResult::success(vec![ContentBlock::text(data.to_string())]);
+    if structured {
+        result.structured_content = Some(data);
+    }
+    result.meta = Some(MetaObject(meta));
+    Ok(result.into())
+}
+
+/// An `isError` result: the carmy error as text and under `_meta`, never as structured content.
+fn failure(error: &Value, mut meta: Map<String, Value>) -> CallToolResult {
+    meta.insert("dev.carmy/error".to_owned(), error.clone());
+    let mut result = CallToolResult::error(vec![ContentBlock::text(error.to_string())]);
+    result.meta = Some(MetaObject(meta));
+    result
+}

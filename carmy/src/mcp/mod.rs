@@ -1,0 +1,235 @@
+//! The same tools over MCP (feature `mcp`): Streamable HTTP at `/mcp`, for both the stateless
+//! 2026-07-28 revision and the `initialize`/`Mcp-Session-Id` generation, and stdio for desktop
+//! hosts.
+//!
+//! The official SDK (`rmcp`) speaks the wire; [`handler`] maps MCP requests onto the runtime.
+//! In front of the SDK, the gate below checks the `Origin` and decides who is calling, on the
+//! server side, exactly as for `POST /agent/execute`.
+
+mod handler;
+mod tools;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::HeaderValue;
+use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, WWW_AUTHENTICATE};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use rmcp::ServiceExt;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{self, Authenticator};
+use crate::context::Principal;
+use crate::error::Error;
+use crate::http::MCP_PATH;
+use crate::http::error::status_of;
+use crate::tool_error::{ToolError, codes};
+
+pub(crate) use handler::McpHandler;
+
+/// JSON-RPC's "Invalid Request", the code of transport-level refusals (origin, credentials).
+const INVALID_REQUEST: i32 = -32600;
+
+static JSON: HeaderValue = HeaderValue::from_static("application/json");
+static NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
+static CHALLENGE: HeaderValue = HeaderValue::from_static("Bearer realm=\"carmy\"");
+
+/// How MCP is served; set through the [`App`](crate::App) builder.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct McpSettings {
+    /// Browser origins allowed besides the loopback ones, e.g. `https://app.example.com`.
+    pub(crate) allowed_origins: Vec<String>,
+    /// The caller over stdio, where there is no request to authenticate.
+    pub(crate) stdio_principal: Principal,
+}
+
+/// `/mcp`, behind the gate. `shutdown` ends every session and stream (the end of a graceful
+/// shutdown: an open session stream would otherwise keep the server up forever).
+pub(crate) fn router(
+    handler: McpHandler,
+    authenticator: Option<Arc<dyn Authenticator>>,
+    settings: &McpSettings,
+    keep_alive: Duration,
+    shutdown: CancellationToken,
+) -> Router {
+    let config = StreamableHttpServerConfig::default()
+        // The gate checks the Origin, which is what stops DNS rebinding; a Host allowlist
+        // would refuse every deployment not on loopback.
+        .disable_allowed_hosts()
+        // Short calls are answered as plain JSON; a call that reports progress streams.
+        .with_json_response(true)
+        .with_sse_keep_alive(Some(keep_alive))
+        .with_cancellation_token(shutdown);
+    let service = StreamableHttpService::new(
+        move || Ok(handler.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let gate = Arc::new(Gate {
+        authenticator,
+        allowed_origins: settings.allowed_origins.clone(),
+    });
+    Router::new()
+        .route_service(MCP_PATH, service)
+        .route_layer(middleware::from_fn_with_state(gate, admit))
+}
+
+/// Serves MCP on stdin and stdout until the client closes stdin. Logs belong on stderr.
+pub(crate) async fn serve_stdio(handler: McpHandler) -> Result<(), Error> {
+    let running = handler
+        .serve(rmcp::transport::io::stdio())
+        .await
+        .map_err(|error| Error::Mcp(error.to_string()))?;
+    running
+        .waiting()
+        .await
+        .map_err(|error| Error::Mcp(error.to_string()))?;
+    Ok(())
+}
+
+/// What `/mcp` checks before the SDK sees a request.
+struct Gate {
+    authenticator: Option<Arc<dyn Authenticator>>,
+    allowed_origins: Vec<String>,
+}
+
+/// Refuses foreign browser origins (`403`) and bad credentials (`401`), and attaches the caller
+/// to the request for the handler.
+async fn admit(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+    if let Some(origin) = request.headers().get(ORIGIN)
+        && !origin_allowed(origin, &gate.allowed_origins)
+    {
+        let error = ToolError::permission(
+            codes::ORIGIN_NOT_ALLOWED,
+            "requests from this Origin are not allowed",
+        )
+        .recoverable(false);
+        return refusal(&error);
+    }
+    let (mut parts, body) = request.into_parts();
+    match auth::principal_of(&parts, gate.authenticator.as_deref()).await {
+        Ok(principal) => {
+            parts.extensions.insert(principal);
+        }
+        Err(error) => return refusal(&error),
+    }
+    json_refusal(next.run(Request::from_parts(parts, body)).await).await
+}
+
+/// The SDK refuses some requests (wrong method, `Accept` or `Content-Type`) in plain text:
+/// the same refusal, as a JSON-RPC error without an id.
+async fn json_refusal(response: Response) -> Response {
+    let is_json = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/json"));
+    if is_json || !(response.status().is_client_error() || response.status().is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = body
+        .collect()
+        .await
+        .map(|body| body.to_bytes())
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let message = match text.trim() {
+        "" => parts.status.canonical_reason().unwrap_or("refused"),
+        text => text,
+    };
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": { "code": INVALID_REQUEST, "message": message },
+    });
+    parts.headers.insert(CONTENT_TYPE, JSON.clone());
+    parts.headers.remove(CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body.to_string()))
+}
+
+/// A transport-level refusal: the HTTP status of the carmy error, and a JSON-RPC error without
+/// an id whose `data` is the carmy error.
+fn refusal(error: &ToolError) -> Response {
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": { "code": INVALID_REQUEST, "message": error.message(), "data": error },
+    });
+    let mut response = (status_of(error), body.to_string()).into_response();
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, JSON.clone());
+    headers.insert(CACHE_CONTROL, NO_STORE.clone());
+    if error.code() == codes::UNAUTHENTICATED {
+        headers.insert(WWW_AUTHENTICATE, CHALLENGE.clone());
+    }
+    response
+}
+
+/// Loopback origins (any port, http or https) and the configured ones are allowed; `null` and
+/// everything else are not.
+fn origin_allowed(origin: &HeaderValue, allowed: &[String]) -> bool {
+    let Ok(origin) = origin.to_str() else {
+        return false;
+    };
+    if allowed
+        .iter()
+        .any(|allowed| allowed.eq_ignore_ascii_case(origin))
+    {
+        return true;
+    }
+    let Some(authority) = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(bracketed) => match bracketed.split_once(']') {
+            Some(split) => split,
+            None => return false,
+        },
+        None => authority.split_at(authority.find(':').unwrap_or(authority.len())),
+    };
+    let port_ok = port.is_empty()
+        || port.strip_prefix(':').is_some_and(|digits| {
+            !digits.is_empty() && digits.bytes().all(|byte| byte.is_ascii_digit())
+        });
+    port_ok
+        && matches!(
+            host.to_ascii_lowercase().as_str(),
+            "localhost" | "127.0.0.1" | "::1"
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_and_listed_origins_are_allowed() {
+        let listed = vec!["https://app.example.com".to_owned()];
+        let allowed =
+            |origin: &'static str| origin_allowed(&HeaderValue::from_static(origin), &listed);
+        assert!(allowed("http://localhost"));
+        assert!(allowed("http://localhost:6274"));
+        assert!(allowed("https://127.0.0.1:3000"));
+        assert!(allowed("http://[::1]:8080"));
+        assert!(allowed("HTTPS://APP.EXAMPLE.COM"));
+        assert!(!allowed("http://evil.example"));
+        assert!(!allowed("http://localhost.evil.example"));
+        assert!(!allowed("http://localhost:80@evil.example"));
+        assert!(!allowed("http://127.0.0.1.nip.io"));
+        assert!(!allowed("null"));
+        assert!(!allowed("file://"));
+        assert!(!allowed("https://app.example.com:8443"));
+    }
+}

@@ -1,0 +1,701 @@
+//! MCP at `/mcp` (feature `mcp`), through the router in-process and over loopback sockets: the
+//! transport rules of both protocol generations, and the runtime's semantics behind
+//! `tools/call`. The official clients drive the example server in `mcp_clients`.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use carmy::{Principal, TrustLevel};
+use carmy_tests::{Answer, Server, parse_sse, send};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+
+use crate::tools::{self, Probe};
+
+const MODERN: &str = "2026-07-28";
+
+/// A `/mcp` POST with the given headers.
+fn post(body: &Value, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut request = Request::post("/mcp")
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request
+        .body(Body::from(body.to_string()))
+        .expect("valid request")
+}
+
+/// A 2026-07-28 request: the `_meta` envelope, and the headers that mirror the body.
+fn modern(id: u64, method: &str, mut params: Value) -> Request<Body> {
+    params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!(MODERN);
+    params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
+    let name = params["name"].as_str().map(str::to_owned);
+    let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+    let mut headers = vec![("mcp-protocol-version", MODERN), ("mcp-method", method)];
+    if let Some(name) = &name {
+        headers.push(("mcp-name", name));
+    }
+    post(&body, &headers)
+}
+
+/// A 2026-07-28 `tools/call`.
+fn call(id: u64, tool: &str, arguments: Value, meta: Value) -> Request<Body> {
+    let mut params = json!({ "name": tool });
+    params["arguments"] = arguments;
+    params["_meta"] = meta;
+    modern(id, "tools/call", params)
+}
+
+/// The JSON-RPC `result` of a JSON answer.
+fn result(answer: &Answer) -> Value {
+    assert_eq!(
+        answer.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let body = answer.json();
+    assert_eq!(body["jsonrpc"], "2.0");
+    body["result"].clone()
+}
+
+/// The JSON-RPC `error` of an answer, checking its HTTP status.
+fn rpc_error(answer: &Answer, status: StatusCode) -> Value {
+    assert_eq!(
+        answer.status,
+        status,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_eq!(answer.header("content-type"), Some("application/json"));
+    answer.json()["error"].clone()
+}
+
+fn router(probe: &Probe) -> axum::Router {
+    tools::app(probe).router().unwrap()
+}
+
+#[tokio::test]
+async fn tools_list_describes_every_tool_with_hints_and_carmy_metadata() {
+    let router = shop::app().router().unwrap();
+    let listed = result(&send(&router, modern(1, "tools/list", json!({}))).await);
+    assert_eq!(listed["resultType"], "complete");
+    assert_eq!(listed["ttlMs"], 60_000);
+    assert_eq!(listed["cacheScope"], "private");
+    let tools = listed["tools"].as_array().unwrap();
+    let names: Vec<&str> = tools
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "cancel_order",
+            "create_order",
+            "generate_report",
+            "get_order",
+            "list_products"
+        ]
+    );
+
+    let catalog = carmy_tests::get(&router, "/agent/tools").await.json();
+    for (tool, entry) in tools.iter().zip(catalog["tools"].as_array().unwrap()) {
+        assert_eq!(tool["description"], entry["description"]);
+        assert_eq!(tool["inputSchema"], entry["input_schema"]);
+        assert_eq!(tool["outputSchema"], entry["output_schema"]);
+        let meta = &tool["_meta"]["dev.carmy/tool"];
+        for field in ["effect", "idempotent", "parallel_safe", "confirmation"] {
+            assert_eq!(meta[field], entry[field], "{field} of {}", tool["name"]);
+        }
+    }
+    let hints = |name: &str| {
+        let tool = tools.iter().find(|tool| tool["name"] == name).unwrap();
+        let annotations = &tool["annotations"];
+        [
+            annotations["readOnlyHint"].as_bool().unwrap(),
+            annotations["destructiveHint"].as_bool().unwrap(),
+            annotations["idempotentHint"].as_bool().unwrap(),
+            annotations["openWorldHint"].as_bool().unwrap(),
+        ]
+    };
+    assert_eq!(hints("get_order"), [true, false, true, false]);
+    assert_eq!(hints("generate_report"), [true, false, true, false]);
+    assert_eq!(hints("create_order"), [false, false, false, false]);
+    assert_eq!(hints("cancel_order"), [false, true, true, false]);
+    let create = tools
+        .iter()
+        .find(|tool| tool["name"] == "create_order")
+        .unwrap();
+    assert_eq!(create["title"], "Create order");
+}
+
+#[tokio::test]
+async fn server_discover_names_both_generations() {
+    let router = shop::app().router().unwrap();
+    let discovered = result(&send(&router, modern(1, "server/discover", json!({}))).await);
+    let versions = discovered["supportedVersions"].as_array().unwrap();
+    assert!(versions.contains(&json!("2026-07-28")), "{versions:?}");
+    assert!(versions.contains(&json!("2025-11-25")), "{versions:?}");
+    assert!(discovered["capabilities"]["tools"].is_object());
+    assert_eq!(discovered["resultType"], "complete");
+}
+
+#[tokio::test]
+async fn headers_that_disagree_with_the_body_are_refused() {
+    let router = shop::app().router().unwrap();
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {
+            "name": "list_products", "arguments": {},
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": MODERN,
+                "io.modelcontextprotocol/clientCapabilities": {}
+            }
+        }
+    });
+    let cases: [&[(&str, &str)]; 4] = [
+        &[
+            ("mcp-protocol-version", MODERN),
+            ("mcp-method", "tools/list"),
+            ("mcp-name", "list_products"),
+        ],
+        &[
+            ("mcp-protocol-version", MODERN),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "get_order"),
+        ],
+        &[
+            ("mcp-protocol-version", "2025-11-25"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "list_products"),
+        ],
+        &[
+            ("mcp-protocol-version", MODERN),
+            ("mcp-name", "list_products"),
+        ],
+    ];
+    for headers in cases {
+        let answer = send(&router, post(&body, headers)).await;
+        let error = rpc_error(&answer, StatusCode::BAD_REQUEST);
+        assert_eq!(error["code"], -32020, "{headers:?}: {error}");
+        assert_eq!(answer.json()["id"], 1);
+    }
+    let agreeing = [
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "list_products"),
+    ];
+    let answer = send(&router, post(&body, &agreeing)).await;
+    assert_eq!(result(&answer)["isError"], false);
+}
+
+#[tokio::test]
+async fn unsupported_versions_are_refused_with_the_supported_ones() {
+    let router = shop::app().router().unwrap();
+    let body = json!({
+        "jsonrpc": "2.0", "id": 7, "method": "tools/list",
+        "params": { "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2099-01-01",
+            "io.modelcontextprotocol/clientCapabilities": {}
+        } }
+    });
+    let headers = [
+        ("mcp-protocol-version", "2099-01-01"),
+        ("mcp-method", "tools/list"),
+    ];
+    let answer = send(&router, post(&body, &headers)).await;
+    let error = rpc_error(&answer, StatusCode::BAD_REQUEST);
+    assert_eq!(error["code"], -32022);
+    assert_eq!(error["data"]["requested"], "2099-01-01");
+    let supported = error["data"]["supported"].as_array().unwrap();
+    assert!(supported.contains(&json!("2026-07-28")) && supported.contains(&json!("2025-11-25")));
+
+    // A 2026-07-28 request without its envelope is invalid, not a legacy one.
+    let headers = [
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", "tools/list"),
+    ];
+    let bare = json!({ "jsonrpc": "2.0", "id": 8, "method": "tools/list", "params": {} });
+    let error = rpc_error(
+        &send(&router, post(&bare, &headers)).await,
+        StatusCode::BAD_REQUEST,
+    );
+    assert_eq!(error["code"], -32602);
+
+    // `initialize` with an unknown version is answered with the newest handshake version.
+    let answer = send(&router, initialize("1999-01-01")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let reply = sse_reply(&answer.body);
+    assert_eq!(reply["result"]["protocolVersion"], "2025-11-25");
+    assert_eq!(reply["result"]["serverInfo"]["name"], "shop");
+}
+
+#[tokio::test]
+async fn unsupported_methods_are_not_found() {
+    let router = shop::app().router().unwrap();
+    let answer = send(&router, modern(3, "resources/list", json!({}))).await;
+    assert_eq!(rpc_error(&answer, StatusCode::NOT_FOUND)["code"], -32601);
+
+    let wrong_method = Request::put("/mcp")
+        .header("host", "localhost")
+        .body(Body::empty())
+        .unwrap();
+    let answer = send(&router, wrong_method).await;
+    assert_eq!(
+        rpc_error(&answer, StatusCode::METHOD_NOT_ALLOWED)["code"],
+        -32600
+    );
+    assert!(answer.header("allow").unwrap().contains("POST"));
+}
+
+#[tokio::test]
+async fn foreign_origins_are_refused() {
+    let router = shop::app()
+        .mcp_allowed_origin("https://app.example.com")
+        .router()
+        .unwrap();
+    let list = |origin: &'static str| modern_with(1, "tools/list", json!({}), ("origin", origin));
+    for origin in [
+        "http://evil.example",
+        "null",
+        "http://localhost.evil.example:3000",
+    ] {
+        let answer = send(&router, list(origin)).await;
+        let error = rpc_error(&answer, StatusCode::FORBIDDEN);
+        assert_eq!(error["data"]["code"], "ORIGIN_NOT_ALLOWED", "{origin}");
+        assert_eq!(answer.json()["id"], Value::Null);
+    }
+    for origin in [
+        "http://localhost:6274",
+        "http://127.0.0.1:3000",
+        "https://app.example.com",
+    ] {
+        let answer = send(&router, list(origin)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{origin}");
+    }
+    // The legacy handshake is gated the same way.
+    let mut handshake = initialize("2025-11-25");
+    handshake
+        .headers_mut()
+        .insert("origin", "http://evil.example".parse().unwrap());
+    assert_eq!(send(&router, handshake).await.status, StatusCode::FORBIDDEN);
+}
+
+fn modern_with(
+    id: u64,
+    method: &str,
+    params: Value,
+    header: (&str, &'static str),
+) -> Request<Body> {
+    let mut request = modern(id, method, params);
+    request.headers_mut().insert(
+        header
+            .0
+            .to_owned()
+            .parse::<axum::http::HeaderName>()
+            .unwrap(),
+        header.1.parse().unwrap(),
+    );
+    request
+}
+
+#[tokio::test]
+async fn bad_credentials_are_refused_before_mcp() {
+    let probe = Probe::default();
+    let router = tools::app(&probe)
+        .authenticator(crate::auth::OneToken)
+        .router()
+        .unwrap();
+    let request = modern_with(1, "tools/list", json!({}), ("authorization", "Bearer bad"));
+    let answer = send(&router, request).await;
+    let error = rpc_error(&answer, StatusCode::UNAUTHORIZED);
+    assert_eq!(error["data"]["code"], "UNAUTHENTICATED");
+    assert!(answer.header("www-authenticate").is_some());
+
+    // Good credentials carry the caller, and its permissions, into the call.
+    let mut request = call(2, "wipe", json!({}), json!({}));
+    request
+        .headers_mut()
+        .insert("authorization", "Bearer good".parse().unwrap());
+    let called = result(&send(&router, request).await);
+    assert_eq!(called["isError"], false, "{called}");
+    assert_eq!(called["structuredContent"]["text"], "wiped by agent-1");
+}
+
+#[tokio::test]
+async fn notifications_are_accepted_with_202() {
+    let router = shop::app().router().unwrap();
+    let notification = json!({
+        "jsonrpc": "2.0", "method": "notifications/cancelled", "params": { "requestId": 9 }
+    });
+    let headers = [
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", "notifications/cancelled"),
+    ];
+    let answer = send(&router, post(&notification, &headers)).await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED);
+    assert!(answer.body.is_empty());
+
+    let session = handshake(&router).await;
+    let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    let answer = send(&router, post(&initialized, &session.headers())).await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED);
+}
+
+#[tokio::test]
+async fn tools_call_answers_structured_content_or_the_carmy_error() {
+    let router = shop::app().router().unwrap();
+    let called = result(
+        &send(
+            &router,
+            call(1, "get_order", json!({ "order_id": 99 }), json!({})),
+        )
+        .await,
+    );
+    assert_eq!(called["isError"], true);
+    assert!(called.get("structuredContent").is_none(), "{called}");
+    let error = &called["_meta"]["dev.carmy/error"];
+    assert_eq!(error["code"], "ORDER_NOT_FOUND");
+    assert_eq!(error["category"], "not_found");
+    assert_eq!(error["retryable"], false);
+    assert_eq!(
+        serde_json::from_str::<Value>(called["content"][0]["text"].as_str().unwrap()).unwrap(),
+        *error
+    );
+    assert_eq!(called["_meta"]["dev.carmy/status"], "failed");
+
+    let placed = result(
+        &send(
+            &router,
+            call(2, "create_order", json!({ "sku": "KB-01" }), json!({})),
+        )
+        .await,
+    );
+    assert_eq!(placed["isError"], false);
+    assert_eq!(placed["structuredContent"], json!({ "order_id": 1 }));
+    assert_eq!(
+        placed["content"][0],
+        json!({ "type": "text", "text": "{\"order_id\":1}" })
+    );
+    assert!(
+        placed["_meta"]["dev.carmy/execution_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("exec_")
+    );
+
+    // A protocol error, answered in-band (`200`): the SDK keeps `400` for malformed envelopes.
+    let unknown = send(&router, call(3, "no_such_tool", json!({}), json!({}))).await;
+    let error = rpc_error(&unknown, StatusCode::OK);
+    assert_eq!(error["code"], -32602);
+    assert_eq!(error["data"]["code"], "TOOL_NOT_FOUND");
+}
+
+#[tokio::test]
+async fn the_request_id_in_meta_is_the_idempotency_key() {
+    let probe = Probe::default();
+    let router = router(&probe);
+    let key = json!({ "dev.carmy/request_id": "mcp-1" });
+    let first = result(
+        &send(
+            &router,
+            call(1, "count", json!({ "text": "a" }), key.clone()),
+        )
+        .await,
+    );
+    let again = result(
+        &send(
+            &router,
+            call(2, "count", json!({ "text": "a" }), key.clone()),
+        )
+        .await,
+    );
+    assert_eq!(first["structuredContent"], json!({ "run": 1 }));
+    assert_eq!(again["structuredContent"], first["structuredContent"]);
+    assert_eq!(
+        again["_meta"]["dev.carmy/execution_id"],
+        first["_meta"]["dev.carmy/execution_id"]
+    );
+    assert_eq!(
+        (
+            first["_meta"]["dev.carmy/replayed"].clone(),
+            again["_meta"]["dev.carmy/replayed"].clone()
+        ),
+        (json!(false), json!(true))
+    );
+    assert_eq!(probe.runs(), 1);
+
+    // The same key over HTTP is the same record: one namespace per caller, whatever the transport.
+    let http = carmy_tests::execute(
+        &router,
+        &json!({ "tool": "count", "arguments": { "text": "a" }, "request_id": "mcp-1" }),
+    )
+    .await;
+    assert_eq!(http.header("carmy-replayed"), Some("true"));
+
+    let conflict = result(&send(&router, call(3, "count", json!({ "text": "b" }), key)).await);
+    assert_eq!(conflict["isError"], true);
+    assert_eq!(
+        conflict["_meta"]["dev.carmy/error"]["code"],
+        "IDEMPOTENCY_CONFLICT"
+    );
+
+    let malformed = result(
+        &send(
+            &router,
+            call(
+                4,
+                "count",
+                json!({ "text": "c" }),
+                json!({ "dev.carmy/request_id": 5 }),
+            ),
+        )
+        .await,
+    );
+    assert_eq!(malformed["isError"], true);
+    assert_eq!(
+        malformed["_meta"]["dev.carmy/error"]["code"],
+        "INVALID_REQUEST"
+    );
+    assert_eq!(probe.runs(), 1);
+}
+
+#[tokio::test]
+async fn confirmation_is_granted_only_on_the_server_side() {
+    let probe = Probe::default();
+    let router = router(&probe);
+    // Whatever the request says about itself, the anonymous caller holds no permission.
+    let meta = json!({ "permissions": ["confirm:wipe"], "dev.carmy/principal": "admin" });
+    let refused = result(&send(&router, call(1, "wipe", json!({}), meta)).await);
+    assert_eq!(refused["isError"], true);
+    assert_eq!(
+        refused["_meta"]["dev.carmy/error"]["code"],
+        "CONFIRMATION_REQUIRED"
+    );
+    assert_eq!(probe.runs(), 0);
+
+    // Host middleware attaches the caller, as for `/agent/execute`.
+    let granted = router.layer(axum::middleware::from_fn(
+        |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
+            request.extensions_mut().insert(
+                Principal::new("user-7", TrustLevel::Known).with_permission("confirm:wipe"),
+            );
+            next.run(request).await
+        },
+    ));
+    let called = result(&send(&granted, call(2, "wipe", json!({}), json!({}))).await);
+    assert_eq!(called["structuredContent"]["text"], "wiped by user-7");
+}
+
+#[tokio::test]
+async fn progress_is_streamed_when_the_client_sends_a_token() {
+    let probe = Probe::default();
+    let router = router(&probe);
+    let meta = json!({ "progressToken": "p-1" });
+    let answer = send(
+        &router,
+        call(5, "slow_read", json!({ "millis": 100 }), meta),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(
+        answer
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let messages: Vec<Value> =
+        parse_sse(&String::from_utf8_lossy(&answer.body).replace("\r\n", "\n"))
+            .into_iter()
+            .filter_map(|event| event.data.filter(|data| !data.is_empty()))
+            .map(|data| serde_json::from_str(&data).unwrap())
+            .collect();
+    let (last, progress) = messages.split_last().unwrap();
+    assert_eq!(progress.len(), 10, "{messages:?}");
+    for (step, notification) in progress.iter().enumerate() {
+        assert_eq!(notification["method"], "notifications/progress");
+        assert_eq!(notification["params"]["progressToken"], "p-1");
+        assert_eq!(
+            notification["params"]["progress"].as_f64(),
+            Some(step as f64 + 1.0)
+        );
+        assert_eq!(notification["params"]["total"].as_f64(), Some(10.0));
+    }
+    assert_eq!(last["id"], 5);
+    assert_eq!(last["result"]["structuredContent"], json!({ "run": 1 }));
+
+    // Without a token, the same call is one JSON answer.
+    let answer = send(
+        &router,
+        call(6, "slow_read", json!({ "millis": 10 }), json!({})),
+    )
+    .await;
+    assert_eq!(answer.header("content-type"), Some("application/json"));
+}
+
+#[tokio::test]
+async fn a_closed_stream_cancels_the_execution() {
+    let probe = Probe::default();
+    let server = Server::start(router(&probe)).await;
+    let (mut sender, connection) = server.connect().await;
+    let key = json!({ "dev.carmy/request_id": "gone-mcp" });
+    let request = call(1, "slow_write", json!({ "millis": 1500 }), key.clone());
+    let pending = tokio::spawn(async move {
+        let _ = sender.send_request(request).await;
+    });
+    probe.wait_runs(1).await;
+    pending.abort();
+    connection.abort();
+    tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified())
+        .await
+        .expect("the tool sees the cancellation within 1 s");
+
+    // As over HTTP, an interrupted non-idempotent write is uncertain.
+    let retry = result(
+        &server
+            .send(call(2, "slow_write", json!({ "millis": 1500 }), key))
+            .await,
+    );
+    assert_eq!(
+        retry["_meta"]["dev.carmy/error"]["code"],
+        "EXECUTION_UNCERTAIN"
+    );
+    assert_eq!(probe.runs(), 1);
+}
+
+#[tokio::test]
+async fn notifications_cancelled_cancels_the_execution_of_a_session() {
+    let probe = Probe::default();
+    let server = Server::start(router(&probe)).await;
+    let session = handshake_over(&server).await;
+    let slow = json!({
+        "jsonrpc": "2.0", "id": 41, "method": "tools/call",
+        "params": { "name": "slow_write", "arguments": { "millis": 1500 } }
+    });
+    let (mut sender, _connection) = server.connect().await;
+    let request = post(&slow, &session.headers());
+    let pending = tokio::spawn(async move {
+        let response = sender.send_request(request).await.expect("response");
+        response
+            .into_body()
+            .collect()
+            .await
+            .map(|body| body.to_bytes())
+    });
+    probe.wait_runs(1).await;
+    let cancelled = json!({
+        "jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": { "requestId": 41, "reason": "the user changed their mind" }
+    });
+    let answer = server.send(post(&cancelled, &session.headers())).await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED);
+    tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified())
+        .await
+        .expect("the tool sees the cancellation within 1 s");
+    pending.abort();
+}
+
+/// A 2025-11-25 session: its id and negotiated version.
+struct Session {
+    id: String,
+}
+
+impl Session {
+    fn headers(&self) -> [(&str, &str); 2] {
+        [
+            ("mcp-session-id", &self.id),
+            ("mcp-protocol-version", "2025-11-25"),
+        ]
+    }
+}
+
+fn initialize(version: &str) -> Request<Body> {
+    let body = json!({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {
+            "protocolVersion": version,
+            "capabilities": {},
+            "clientInfo": { "name": "carmy-tests", "version": "1" }
+        }
+    });
+    post(&body, &[])
+}
+
+/// The one JSON-RPC message of an event-stream answer.
+fn sse_reply(body: &[u8]) -> Value {
+    let text = String::from_utf8_lossy(body).replace("\r\n", "\n");
+    parse_sse_data(&text).pop().expect("a reply")
+}
+
+fn parse_sse_data(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(str::trim)
+        .filter(|data| !data.is_empty())
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect()
+}
+
+fn session_of(answer: &Answer) -> Session {
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(
+        sse_reply(&answer.body)["result"]["protocolVersion"],
+        "2025-11-25"
+    );
+    Session {
+        id: answer
+            .header("mcp-session-id")
+            .expect("a session id")
+            .to_owned(),
+    }
+}
+
+async fn handshake(router: &axum::Router) -> Session {
+    session_of(&send(router, initialize("2025-11-25")).await)
+}
+
+async fn handshake_over(server: &Server) -> Session {
+    let session = session_of(&server.send(initialize("2025-11-25")).await);
+    let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    let answer = server.send(post(&initialized, &session.headers())).await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED);
+    session
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_ends_open_session_streams() {
+    let probe = Probe::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let app = tools::app(&probe).shutdown_grace(Duration::from_millis(200));
+    let serving = tokio::spawn(app.serve_with_shutdown(listener, async move {
+        let _ = stopped.await;
+    }));
+    let session = session_of(&carmy_tests::send_to(addr, initialize("2025-11-25")).await);
+    // The session's standalone stream, which stays open for server-sent messages.
+    let (mut sender, _connection) = carmy_tests::connect(addr).await;
+    let mut stream = Request::get("/mcp")
+        .header("host", "localhost")
+        .header("accept", "text/event-stream");
+    for (name, value) in session.headers() {
+        stream = stream.header(name, value);
+    }
+    let stream = sender
+        .send_request(stream.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(3), serving)
+        .await
+        .expect("the server stops although a session stream is open")
+        .unwrap()
+        .unwrap();
+    drop(stream);
+}

@@ -1,0 +1,86 @@
+//! The official MCP clients (`tests/mcp-clients/`) against the example server, over loopback
+//! and over stdio: the Python SDK in both protocol generations, and the TypeScript client.
+//!
+//! `.ci/run` installs the clients and names them in `CARMY_MCP_PYTHON` (a virtualenv's python)
+//! and `CARMY_MCP_NODE` (node, with `npm ci` run in `tests/mcp-clients`), and the built example
+//! in `CARMY_SHOP_BIN`. Without them the tests say so and pass, so `cargo test` works on a fresh
+//! machine; under CI (`CI` set) a missing one fails.
+
+use std::path::{Path, PathBuf};
+
+use carmy_tests::Server;
+
+const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mcp-clients");
+
+/// The program named by `variable`, or `None` (with the reason printed) outside CI.
+fn program(variable: &str) -> Option<PathBuf> {
+    match std::env::var_os(variable) {
+        Some(path) => Some(PathBuf::from(path)),
+        None if std::env::var_os("CI").is_some() => panic!("CI must set {variable}"),
+        None => {
+            eprintln!("skipped: {variable} is not set (.ci/run sets it)");
+            None
+        }
+    }
+}
+
+/// Runs a client script to its end (each script gives up by itself after 60 s); fails the test
+/// with its output unless it succeeds.
+async fn run(program: &Path, args: &[&str]) {
+    let mut command = std::process::Command::new(program);
+    command.args(args).current_dir(CLIENTS);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("the client runs")
+        .unwrap_or_else(|error| panic!("{program:?} cannot start: {error}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{args:?} failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    println!("{stdout}");
+}
+
+/// A fresh shop (orders count from 1) on a loopback port, and its MCP URL.
+async fn shop() -> (Server, String) {
+    let server = Server::start(shop::app().router().unwrap()).await;
+    let url = format!("http://{}/mcp", server.addr);
+    (server, url)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_python_sdk_over_streamable_http_in_both_generations() {
+    let Some(python) = program("CARMY_MCP_PYTHON") else {
+        return;
+    };
+    for mode in ["2026-07-28", "legacy"] {
+        let (_server, url) = shop().await;
+        run(&python, &["client.py", mode, &url]).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_python_sdk_over_stdio_in_both_generations() {
+    let (Some(python), Some(shop)) = (program("CARMY_MCP_PYTHON"), program("CARMY_SHOP_BIN"))
+    else {
+        return;
+    };
+    let shop = shop.to_string_lossy().into_owned();
+    for mode in ["2026-07-28", "legacy"] {
+        run(&python, &["client.py", mode, "--stdio", &shop, "mcp"]).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_typescript_client_over_streamable_http_in_both_generations() {
+    let Some(node) = program("CARMY_MCP_NODE") else {
+        return;
+    };
+    // `auto` probes `server/discover` and settles on 2026-07-28.
+    for mode in ["auto", "legacy"] {
+        let (_server, url) = shop().await;
+        run(&node, &["client.mjs", mode, &url]).await;
+    }
+}
