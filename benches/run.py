@@ -18,6 +18,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -66,6 +67,8 @@ def scenarios(etags):
         },
         "execute, fresh request_id": {
             "baseline": execute(CREATE_FRESH), "carmy": execute(CREATE_FRESH), "carmy 0.6": execute(CREATE_FRESH),
+            # the same carmy with its shared and durable idempotency stores
+            **{f"carmy, {store}": execute(CREATE_FRESH) for store in STORES},
         },
         "execute, replayed request_id": {
             "baseline": execute(CREATE_REPLAY), "carmy": execute(CREATE_REPLAY), "carmy 0.6": execute(CREATE_REPLAY),
@@ -82,11 +85,19 @@ def scenarios(etags):
     }
 
 
+# The idempotency stores the shop can use (`CARMY_IDEMPOTENCY_URL`), on this machine's servers.
+STORES = {
+    "postgres": "postgres://postgres@127.0.0.1:5432/test",
+    "redis": "redis://127.0.0.1:6379",
+    "file": "file:{tmp}/carmy-bench-idempotency.redb",
+}
+
 SERVERS = {
     "baseline": lambda: [str(TARGET / "release" / "baseline")],
     "carmy": lambda: [str(TARGET / "release" / "shop")],
     "carmy 0.6": lambda: [str(PEERS_TARGET / "release" / "carmy06")],
     "rmcp": lambda: [str(PEERS_TARGET / "release" / "rmcp_shop")],
+    **{f"carmy, {store}": lambda: [str(TARGET / "release" / "shop")] for store in STORES},
 }
 PORT = 3100
 
@@ -105,6 +116,10 @@ def build():
 class Server:
     def __init__(self, target):
         env = dict(os.environ, CARMY_ADDR=f"127.0.0.1:{PORT}", RUST_LOG="warn")
+        env.pop("CARMY_IDEMPOTENCY_URL", None)
+        store = target.removeprefix("carmy, ")
+        if store in STORES:
+            env["CARMY_IDEMPOTENCY_URL"] = STORES[store].format(tmp=tempfile.mkdtemp())
         self.process = subprocess.Popen(["taskset", "-c", "0", *SERVERS[target]()], env=env,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 10

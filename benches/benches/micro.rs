@@ -108,5 +108,8 @@ fn store_reserve_finish(bencher: divan::Bencher<'_, '_>, tasks: usize) {
 /// Building the router (schemas, validators, serialized documents) for 1,000 tools.
 #[divan::bench(sample_count = 10)]
 fn build_catalog_1000_tools() -> axum::Router {
-    carmy::app().router().expect("1,000 tools build")
+    carmy::app()
+        .state(shop::Shop::new())
+        .router()
+        .expect("1,000 tools build")
 }

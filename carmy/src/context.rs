@@ -1,7 +1,7 @@
 //! What a tool knows about the call it serves.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use tokio_util::sync::CancellationToken;
 
@@ -47,11 +47,13 @@ pub struct Principal {
 impl Principal {
     /// The caller nobody vouched for.
     pub fn anonymous() -> Self {
-        Principal {
+        // Most calls are anonymous: share one value instead of allocating per request.
+        static ANONYMOUS: LazyLock<Principal> = LazyLock::new(|| Principal {
             id: Arc::from("anonymous"),
             trust: TrustLevel::Anonymous,
             permissions: Arc::from([]),
-        }
+        });
+        ANONYMOUS.clone()
     }
 
     /// A caller identified by `id` (a user or API-key id), trusted at `trust`.

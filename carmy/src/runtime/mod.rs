@@ -470,11 +470,10 @@ impl Runtime {
             };
             AssertUnwindSafe(call(invocation)).catch_unwind().await
         };
+        // The tool's branch first: a tool that finishes on its first poll never registers the
+        // deadline's timer or the cancellation waiters, the common fast path.
         let ran = tokio::select! {
             biased;
-            () = cancel.cancelled() => Ran::Cancelled,
-            () = token.cancelled() => Ran::Cancelled,
-            () = tokio::time::sleep_until(prepared.deadline) => Ran::TimedOut,
             result = work => match result {
                 Ok(Ok(output)) => Ran::Output(output),
                 Ok(Err(error)) => Ran::Error(error),
@@ -488,6 +487,9 @@ impl Runtime {
                     Ran::Panicked
                 }
             },
+            () = cancel.cancelled() => Ran::Cancelled,
+            () = token.cancelled() => Ran::Cancelled,
+            () = tokio::time::sleep_until(prepared.deadline) => Ran::TimedOut,
         };
         ran
     }
