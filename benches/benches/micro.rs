@@ -81,7 +81,7 @@ fn store_reserve_finish(bencher: divan::Bencher<'_, '_>, tasks: usize) {
                                 digest: [1; 32],
                             };
                             store
-                                .reserve(&key, &fingerprint, "exec", ttl, ttl)
+                                .reserve(&key, &fingerprint, &Arc::from("exec"), ttl, ttl)
                                 .await
                                 .expect("memory store");
                             let response = StoredResponse {

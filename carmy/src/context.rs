@@ -79,6 +79,11 @@ impl Principal {
         &self.id
     }
 
+    /// The caller's id, shared (no copy), for keys kept per caller.
+    pub(crate) fn shared_id(&self) -> Arc<str> {
+        Arc::clone(&self.id)
+    }
+
     /// The caller's trust level.
     pub fn trust(&self) -> TrustLevel {
         self.trust

@@ -46,7 +46,7 @@ async fn reserve(
     execution_id: &str,
 ) -> Reservation {
     store
-        .reserve(key, fingerprint, execution_id, LEASE, TTL)
+        .reserve(key, fingerprint, &Arc::from(execution_id), LEASE, TTL)
         .await
         .expect("store works")
 }
@@ -201,7 +201,10 @@ pub(crate) async fn expiry<F: std::future::Future<Output = ()>>(
 ) {
     let (k, fp) = (key("expiring"), fingerprint("t", 1));
     assert!(matches!(
-        store.reserve(&k, &fp, "exec_1", LEASE, ttl).await.unwrap(),
+        store
+            .reserve(&k, &fp, &Arc::from("exec_1"), LEASE, ttl)
+            .await
+            .unwrap(),
         Reservation::Reserved
     ));
     store
@@ -209,7 +212,10 @@ pub(crate) async fn expiry<F: std::future::Future<Output = ()>>(
         .await
         .unwrap();
     assert!(matches!(
-        store.reserve(&k, &fp, "exec_2", LEASE, ttl).await.unwrap(),
+        store
+            .reserve(&k, &fp, &Arc::from("exec_2"), LEASE, ttl)
+            .await
+            .unwrap(),
         Reservation::Finished(_)
     ));
     advance(ttl + Duration::from_millis(10)).await;
@@ -223,7 +229,7 @@ pub(crate) async fn expiry<F: std::future::Future<Output = ()>>(
 
     let purged = key("purged");
     store
-        .reserve(&purged, &fp, "exec_4", LEASE, ttl)
+        .reserve(&purged, &fp, &Arc::from("exec_4"), LEASE, ttl)
         .await
         .unwrap();
     store
@@ -249,18 +255,25 @@ pub(crate) async fn lease_expiry<F: std::future::Future<Output = ()>>(
     let (k, fp) = (key("leased"), fingerprint("t", 1));
     assert!(matches!(
         store
-            .reserve(&k, &fp, "exec_dead", lease, TTL)
+            .reserve(&k, &fp, &Arc::from("exec_dead"), lease, TTL)
             .await
             .unwrap(),
         Reservation::Reserved
     ));
     assert!(matches!(
-        store.reserve(&k, &fp, "exec_2", lease, TTL).await.unwrap(),
+        store
+            .reserve(&k, &fp, &Arc::from("exec_2"), lease, TTL)
+            .await
+            .unwrap(),
         Reservation::Running { .. }
     ));
     advance(lease + Duration::from_millis(50)).await;
     for retry in ["exec_3", "exec_4"] {
-        match store.reserve(&k, &fp, retry, lease, TTL).await.unwrap() {
+        match store
+            .reserve(&k, &fp, &Arc::from(retry), lease, TTL)
+            .await
+            .unwrap()
+        {
             Reservation::Uncertain { execution_id } => assert_eq!(&*execution_id, "exec_dead"),
             other => panic!("expected uncertain, got {other:?}"),
         }
@@ -269,7 +282,11 @@ pub(crate) async fn lease_expiry<F: std::future::Future<Output = ()>>(
         .finish(&k, Finish::Response(response("exec_dead")), TTL)
         .await
         .unwrap();
-    match store.reserve(&k, &fp, "exec_5", lease, TTL).await.unwrap() {
+    match store
+        .reserve(&k, &fp, &Arc::from("exec_5"), lease, TTL)
+        .await
+        .unwrap()
+    {
         Reservation::Finished(stored) => assert_eq!(stored, response("exec_dead")),
         other => panic!("expected the late outcome, got {other:?}"),
     }
@@ -286,7 +303,7 @@ pub(crate) async fn one_winner(store: Arc<dyn IdempotencyStore>, contenders: usi
                 let (k, fp) = (key("contended"), fingerprint("t", 1));
                 barrier.wait().await;
                 let reservation = store
-                    .reserve(&k, &fp, &format!("exec_{index}"), LEASE, TTL)
+                    .reserve(&k, &fp, &Arc::from(format!("exec_{index}")), LEASE, TTL)
                     .await
                     .unwrap();
                 matches!(reservation, Reservation::Reserved)
@@ -584,7 +601,10 @@ async fn postgres_cleanup_deletes_expired_records_on_its_own() {
         .unwrap();
     let (k, fp) = (key("cleaned"), fingerprint("t", 1));
     let ttl = Duration::from_millis(50);
-    store.reserve(&k, &fp, "exec_1", LEASE, ttl).await.unwrap();
+    store
+        .reserve(&k, &fp, &Arc::from("exec_1"), LEASE, ttl)
+        .await
+        .unwrap();
     store
         .finish(&k, Finish::Response(response("exec_1")), ttl)
         .await

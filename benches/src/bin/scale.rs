@@ -44,7 +44,7 @@ async fn main() {
             tool: tool.clone(),
             digest: [n as u8; 32],
         };
-        let execution_id = format!("exec_0190c3a2-7b1e-7c3d-9f4e-{n:012}");
+        let execution_id: Arc<str> = Arc::from(format!("exec_0190c3a2-7b1e-7c3d-9f4e-{n:012}"));
         store
             .reserve(&key, &fingerprint, &execution_id, ttl, ttl)
             .await
@@ -53,7 +53,7 @@ async fn main() {
             "{{\"execution_id\":\"{execution_id}\",\"status\":\"completed\",\"data\":{{\"order_id\":{n}}},\"_agent\":{{\"cacheable\":false,\"next_actions\":[]}}}}"
         );
         let response = StoredResponse {
-            execution_id: Arc::from(execution_id),
+            execution_id,
             status: ExecutionStatus::Completed,
             category: None,
             code: None,

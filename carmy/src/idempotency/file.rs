@@ -237,12 +237,12 @@ impl IdempotencyStore for FileStore {
         &'a self,
         key: &'a IdempotencyKey,
         fingerprint: &'a Fingerprint,
-        execution_id: &'a str,
+        execution_id: &'a Arc<str>,
         lease: Duration,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
         let (key, fingerprint, execution_id) =
-            (key.clone(), fingerprint.clone(), execution_id.to_owned());
+            (key.clone(), fingerprint.clone(), execution_id.to_string());
         Box::pin(self.write(move |table| {
             let now = now_ms();
             let index = (key.caller(), key.request_id());

@@ -59,7 +59,7 @@ struct Record {
 #[derive(Clone, Copy)]
 struct Claim<'a> {
     fingerprint: &'a Fingerprint,
-    execution_id: &'a str,
+    execution_id: &'a Arc<str>,
     lease: Duration,
     ttl: Duration,
 }
@@ -209,7 +209,7 @@ impl Shard {
             Record {
                 tool: claim.fingerprint.tool.clone(),
                 digest: short_digest(claim.fingerprint),
-                execution_id: Arc::from(claim.execution_id),
+                execution_id: Arc::clone(claim.execution_id),
                 state: State::Running {
                     changed: watch::channel(()).0,
                     lease_until: now + claim.lease,
@@ -303,7 +303,7 @@ impl IdempotencyStore for MemoryStore {
         &'a self,
         key: &'a IdempotencyKey,
         fingerprint: &'a Fingerprint,
-        execution_id: &'a str,
+        execution_id: &'a Arc<str>,
         lease: Duration,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {

@@ -226,7 +226,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         &'a self,
         key: &'a IdempotencyKey,
         fingerprint: &'a Fingerprint,
-        execution_id: &'a str,
+        execution_id: &'a Arc<str>,
         lease: Duration,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>>;
@@ -255,7 +255,7 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
         &'a self,
         key: &'a IdempotencyKey,
         fingerprint: &'a Fingerprint,
-        execution_id: &'a str,
+        execution_id: &'a Arc<str>,
         lease: Duration,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {

@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -334,7 +335,7 @@ impl IdempotencyStore for PostgresStore {
         &'a self,
         key: &'a IdempotencyKey,
         fingerprint: &'a Fingerprint,
-        execution_id: &'a str,
+        execution_id: &'a Arc<str>,
         lease: Duration,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {

@@ -1,5 +1,6 @@
 //! Records in Redis, shared by every replica that uses the same server.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -206,7 +207,7 @@ impl IdempotencyStore for RedisStore {
         &'a self,
         key: &'a IdempotencyKey,
         fingerprint: &'a Fingerprint,
-        execution_id: &'a str,
+        execution_id: &'a Arc<str>,
         lease: Duration,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {

@@ -311,7 +311,7 @@ impl Runtime {
         }
         let idempotency = request_id.as_ref().map(|request_id| {
             (
-                IdempotencyKey::new(principal.id(), request_id.as_str()),
+                IdempotencyKey::new(principal.shared_id(), request_id.as_str()),
                 fingerprint::fingerprint(descriptor.name, &arguments),
             )
         });
