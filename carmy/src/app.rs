@@ -279,7 +279,7 @@ impl App {
             router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
         )
         .with_graceful_shutdown(signal)
-            .await?;
+        .await?;
         runtime.wait_idle().await;
         Ok(())
     }

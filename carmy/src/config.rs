@@ -90,7 +90,9 @@ impl Config {
         };
         let mut limits = [None; 4];
         if let Some(mut rate_limit) = root.section("rate_limit")? {
-            let window_secs = rate_limit.integer("window_secs")?.unwrap_or(DEFAULT_WINDOW_SECS);
+            let window_secs = rate_limit
+                .integer("window_secs")?
+                .unwrap_or(DEFAULT_WINDOW_SECS);
             if window_secs == 0 {
                 return Err(rate_limit.invalid("window_secs", "a positive number of seconds"));
             }
@@ -160,18 +162,17 @@ fn token_entry(
     authenticator: TokenAuthenticator,
     mut token: Section,
 ) -> Result<TokenAuthenticator, Error> {
-    let id = token
-        .string("id")?
-        .ok_or_else(|| token.missing("id"))?;
+    let id = token.string("id")?.ok_or_else(|| token.missing("id"))?;
     let trust = match token.string("trust")? {
         None => TrustLevel::Known,
         Some(name) => TrustLevel::from_name(&name).ok_or_else(|| {
-            token.invalid("trust", "one of `anonymous`, `known`, `partner`, `internal`")
+            token.invalid(
+                "trust",
+                "one of `anonymous`, `known`, `partner`, `internal`",
+            )
         })?,
     };
-    let hash = token
-        .string("hash")?
-        .ok_or_else(|| token.missing("hash"))?;
+    let hash = token.string("hash")?.ok_or_else(|| token.missing("hash"))?;
     let permissions = token.strings("permissions")?;
     token.finish()?;
     let principal = permissions
@@ -187,9 +188,7 @@ fn set(root: &mut Table, path: &str, value: Value) {
             root.insert(path.to_owned(), value);
         }
         Some((section, key)) => {
-            let section = root
-                .entry(section)
-                .or_insert(Value::Table(Table::new()));
+            let section = root.entry(section).or_insert(Value::Table(Table::new()));
             if let Value::Table(section) = section {
                 section.insert(key.to_owned(), value);
             }
@@ -316,12 +315,17 @@ mod tests {
     #[test]
     fn unknown_keys_are_named_with_their_path() {
         let error = parse("[rate_limit]\nanonymus = 3\n").unwrap_err();
-        assert!(error.contains("unknown key `rate_limit.anonymus`"), "{error}");
+        assert!(
+            error.contains("unknown key `rate_limit.anonymus`"),
+            "{error}"
+        );
         let error = parse("colour = 1\n").unwrap_err();
         assert!(error.contains("unknown key `colour`"), "{error}");
         let hash = crate::auth::hash_token("t");
-        let error =
-            parse(&format!("[[tokens]]\nid = \"a\"\nhash = \"{hash}\"\nrole = \"x\"\n")).unwrap_err();
+        let error = parse(&format!(
+            "[[tokens]]\nid = \"a\"\nhash = \"{hash}\"\nrole = \"x\"\n"
+        ))
+        .unwrap_err();
         assert!(error.contains("unknown key `tokens[0].role`"), "{error}");
     }
 
@@ -349,8 +353,14 @@ mod tests {
             _ => None,
         })
         .unwrap();
-        assert_eq!(config.limits[TrustLevel::Known.index()].unwrap().requests, 7);
-        assert_eq!(config.cors_origins, ["https://a.example", "https://b.example"]);
+        assert_eq!(
+            config.limits[TrustLevel::Known.index()].unwrap().requests,
+            7
+        );
+        assert_eq!(
+            config.cors_origins,
+            ["https://a.example", "https://b.example"]
+        );
         assert!(config.security_headers);
         let error = Config::parse("", |name| {
             (name == "CARMY_RATE_LIMIT_KNOWN").then(|| "lots".to_owned())
@@ -363,6 +373,10 @@ mod tests {
     fn tokens_are_stored_as_digests_only() {
         let error = parse("[[tokens]]\nid = \"a\"\nhash = \"plain-token\"\n").unwrap_err();
         assert!(error.contains("sha256:"), "{error}");
-        assert!(parse("[[tokens]]\nhash = \"x\"\n").unwrap_err().contains("`tokens[0].id`"));
+        assert!(
+            parse("[[tokens]]\nhash = \"x\"\n")
+                .unwrap_err()
+                .contains("`tokens[0].id`")
+        );
     }
 }

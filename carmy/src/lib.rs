@@ -19,8 +19,8 @@ mod tool;
 mod tool_error;
 
 pub use app::{App, app};
-pub use config::Config;
 pub use carmy_macros::{JsonSchema, tool};
+pub use config::Config;
 pub use context::{Context, Principal, TrustLevel};
 pub use error::Error;
 pub use idempotency::ExecutionStatus;

@@ -99,9 +99,11 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let trust = self.principal(&context).trust();
-        Ok(ListToolsResult::with_all_items(self.shared.tools[trust.index()].clone())
-            .with_ttl_ms(LIST_TTL_MS)
-            .with_cache_scope(CacheScope::Private))
+        Ok(
+            ListToolsResult::with_all_items(self.shared.tools[trust.index()].clone())
+                .with_ttl_ms(LIST_TTL_MS)
+                .with_cache_scope(CacheScope::Private),
+        )
     }
 
     async fn call_tool(

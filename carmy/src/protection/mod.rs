@@ -73,7 +73,11 @@ impl Default for Protection {
 impl Protection {
     /// Wraps every route of `router` in the checks; `refuse` renders a refusal in the
     /// transport's own error shape.
-    pub(crate) fn guard(self: &Arc<Self>, router: Router, refuse: fn(ToolError) -> Response) -> Router {
+    pub(crate) fn guard(
+        self: &Arc<Self>,
+        router: Router,
+        refuse: fn(ToolError) -> Response,
+    ) -> Router {
         router.layer(middleware::from_fn_with_state(
             (Arc::clone(self), refuse),
             guard,
@@ -97,10 +101,11 @@ impl Protection {
         if let Some(limit) = self.limits[principal.trust().index()] {
             let key = self.rate_key(&principal, &parts.headers, &parts.extensions);
             if let Decision::Limited { retry_after } = self.limiter.check(&key, limit).await? {
-                return Err(
-                    ToolError::capacity(codes::RATE_LIMITED, "too many requests; retry later")
-                        .retryable(retry_after),
-                );
+                return Err(ToolError::capacity(
+                    codes::RATE_LIMITED,
+                    "too many requests; retry later",
+                )
+                .retryable(retry_after));
             }
         }
         parts.extensions.insert(principal);
@@ -164,9 +169,8 @@ fn check_version(headers: &HeaderMap) -> Result<(), ToolError> {
     let Some(value) = headers.get(&CARMY_VERSION) else {
         return Ok(());
     };
-    let malformed = || {
-        ToolError::invalid_request("Carmy-Version must be a version such as `1` or `1.0`")
-    };
+    let malformed =
+        || ToolError::invalid_request("Carmy-Version must be a version such as `1` or `1.0`");
     let value = value.to_str().map_err(|_| malformed())?.trim();
     let (major, minor) = value.split_once('.').unwrap_or((value, "0"));
     let number = |part: &str| -> Option<u64> {
@@ -244,14 +248,21 @@ mod tests {
         assert_eq!(version("2"), Err("UNSUPPORTED_VERSION".to_owned()));
         assert_eq!(version("0.9"), Err("UNSUPPORTED_VERSION".to_owned()));
         for garbage in ["", "v1", "1.", ".1", "1.x", "1.0.0", "one"] {
-            assert_eq!(version(garbage), Err("INVALID_REQUEST".to_owned()), "{garbage}");
+            assert_eq!(
+                version(garbage),
+                Err("INVALID_REQUEST".to_owned()),
+                "{garbage}"
+            );
         }
     }
 
     #[test]
     fn forwarded_for_takes_the_nearest_proxy() {
         let mut headers = HeaderMap::new();
-        headers.append(&X_FORWARDED_FOR, HeaderValue::from_static("1.1.1.1, 2.2.2.2"));
+        headers.append(
+            &X_FORWARDED_FOR,
+            HeaderValue::from_static("1.1.1.1, 2.2.2.2"),
+        );
         assert_eq!(last_forwarded_for(&headers), Some([2, 2, 2, 2].into()));
         headers.append(&X_FORWARDED_FOR, HeaderValue::from_static("3.3.3.3"));
         assert_eq!(last_forwarded_for(&headers), Some([3, 3, 3, 3].into()));

@@ -1,5 +1,5 @@
 //! Per-caller request budgets: a fixed window per key, in process ([`MemoryRateLimiter`]) or
-//! shared by replicas through Redis ([`RedisRateLimiter`](super::RedisRateLimiter)).
+//! shared by replicas through Redis (`RedisRateLimiter`, with the `redis` feature).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
