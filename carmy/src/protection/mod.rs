@@ -42,6 +42,9 @@ const SECURITY_HEADERS: &[(&str, &str)] = &[
     ),
 ];
 
+/// Renders a refusal in a transport's own error shape.
+type Refuse = fn(ToolError) -> Response;
+
 /// How requests are admitted; set through the [`App`](crate::App) builder or `carmy.toml`.
 #[derive(Clone)]
 pub(crate) struct Protection {
@@ -73,11 +76,7 @@ impl Default for Protection {
 impl Protection {
     /// Wraps every route of `router` in the checks; `refuse` renders a refusal in the
     /// transport's own error shape.
-    pub(crate) fn guard(
-        self: &Arc<Self>,
-        router: Router,
-        refuse: fn(ToolError) -> Response,
-    ) -> Router {
+    pub(crate) fn guard(self: &Arc<Self>, router: Router, refuse: Refuse) -> Router {
         router.layer(middleware::from_fn_with_state(
             (Arc::clone(self), refuse),
             guard,
@@ -143,7 +142,7 @@ impl Protection {
 }
 
 async fn guard(
-    State((protection, refuse)): State<(Arc<Protection>, fn(ToolError) -> Response)>,
+    State((protection, refuse)): State<(Arc<Protection>, Refuse)>,
     request: Request,
     next: Next,
 ) -> Response {
