@@ -54,6 +54,7 @@ pub(crate) struct Attrs {
     pub(crate) idempotent: Attr<LitBool>,
     pub(crate) parallel_safe: Attr<LitBool>,
     pub(crate) confirmation: Attr<LitStr>,
+    pub(crate) access: Attr<LitStr>,
     pub(crate) name: Attr<LitStr>,
     pub(crate) description: Attr<LitStr>,
     pub(crate) timeout: Attr<LitStr>,
@@ -78,6 +79,7 @@ impl Attrs {
             idempotent: Attr::none(symbol::IDEMPOTENT),
             parallel_safe: Attr::none(symbol::PARALLEL_SAFE),
             confirmation: Attr::none(symbol::CONFIRMATION),
+            access: Attr::none(symbol::ACCESS),
             name: Attr::none(symbol::NAME),
             description: Attr::none(symbol::DESCRIPTION),
             timeout: Attr::none(symbol::TIMEOUT),
@@ -114,6 +116,7 @@ impl Attrs {
             symbol::CONFIRMATION => {
                 set_str(cx, &mut self.confirmation, key, &value, "\"required\"");
             }
+            symbol::ACCESS => set_str(cx, &mut self.access, key, &value, "\"known\""),
             symbol::NAME => set_str(cx, &mut self.name, key, &value, "\"create_order\""),
             symbol::DESCRIPTION => {
                 set_str(cx, &mut self.description, key, &value, "\"Place an order\"");

@@ -8,7 +8,7 @@ use syn::{Expr, GenericArgument, Lit, Pat, PathArguments, ReturnType, Type};
 
 use crate::ast::{ParamKind, Tool};
 use crate::ctxt::Ctxt;
-use crate::symbol::{CONFIRMATIONS, EFFECTS};
+use crate::symbol::{ACCESS_LEVELS, CONFIRMATIONS, EFFECTS};
 
 /// A tool that passed validation: everything [`crate::expand`] needs.
 pub(crate) struct Spec<'a> {
@@ -21,6 +21,8 @@ pub(crate) struct Spec<'a> {
     pub(crate) idempotent: bool,
     pub(crate) parallel_safe: bool,
     pub(crate) confirmation_required: bool,
+    /// The variant name of `carmy::TrustLevel`.
+    pub(crate) access: &'static str,
     pub(crate) timeout_ms: Option<u64>,
     pub(crate) register: bool,
     /// `T` of the return type `Result<T, E>`.
@@ -89,6 +91,26 @@ pub(crate) fn check<'a>(cx: &Ctxt, tool: &'a Tool) -> Option<Spec<'a>> {
         },
     };
 
+    let access = match attrs.access.get() {
+        None => "Anonymous",
+        Some(lit) => match lit.value().as_str() {
+            "anonymous" => "Anonymous",
+            "known" => "Known",
+            "partner" => "Partner",
+            "internal" => "Internal",
+            other => {
+                cx.error_spanned_by(
+                    lit,
+                    format!(
+                        "invalid access `{other}`; expected one of {}",
+                        quoted_list(ACCESS_LEVELS)
+                    ),
+                );
+                "Anonymous"
+            }
+        },
+    };
+
     let name = match attrs.name.get() {
         Some(lit) => {
             let name = lit.value();
@@ -140,6 +162,7 @@ pub(crate) fn check<'a>(cx: &Ctxt, tool: &'a Tool) -> Option<Spec<'a>> {
         idempotent: flag(&attrs.idempotent, false),
         parallel_safe: flag(&attrs.parallel_safe, true),
         confirmation_required,
+        access,
         timeout_ms,
         register: flag(&attrs.register, true),
         output: output?.0,

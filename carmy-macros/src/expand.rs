@@ -53,6 +53,7 @@ fn expand(spec: &Spec<'_>) -> TokenStream {
         idempotent,
         parallel_safe,
         confirmation_required,
+        access,
         timeout_ms,
         register,
         output,
@@ -63,6 +64,7 @@ fn expand(spec: &Spec<'_>) -> TokenStream {
     let ident = &item.sig.ident;
 
     let effect = format_ident!("{}", effect);
+    let access = format_ident!("{}", access);
     let confirmation = if *confirmation_required {
         quote!(Required)
     } else {
@@ -131,6 +133,7 @@ fn expand(spec: &Spec<'_>) -> TokenStream {
                     idempotent: #idempotent,
                     parallel_safe: #parallel_safe,
                     confirmation: __carmy::Confirmation::#confirmation,
+                    access: __carmy::TrustLevel::#access,
                     timeout: #timeout,
                     input_schema: #input_schema,
                     output_schema: #output_schema,

@@ -4,6 +4,7 @@ pub(crate) const EFFECT: &str = "effect";
 pub(crate) const IDEMPOTENT: &str = "idempotent";
 pub(crate) const PARALLEL_SAFE: &str = "parallel_safe";
 pub(crate) const CONFIRMATION: &str = "confirmation";
+pub(crate) const ACCESS: &str = "access";
 pub(crate) const NAME: &str = "name";
 pub(crate) const DESCRIPTION: &str = "description";
 pub(crate) const TIMEOUT: &str = "timeout";
@@ -15,6 +16,7 @@ pub(crate) const KEYS: &[&str] = &[
     IDEMPOTENT,
     PARALLEL_SAFE,
     CONFIRMATION,
+    ACCESS,
     NAME,
     DESCRIPTION,
     TIMEOUT,
@@ -26,3 +28,6 @@ pub(crate) const EFFECTS: &[&str] = &["none", "read", "write", "external_write",
 
 /// Valid values of `confirmation`.
 pub(crate) const CONFIRMATIONS: &[&str] = &["none", "required"];
+
+/// Valid values of `access`, lowest trust first.
+pub(crate) const ACCESS_LEVELS: &[&str] = &["anonymous", "known", "partner", "internal"];

@@ -4,18 +4,23 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::response::IntoResponse;
 use axum::serve::ListenerExt;
 
 use crate::auth::Authenticator;
 use crate::catalog::Catalog;
+use crate::config::Config;
+use crate::context::TrustLevel;
 use crate::error::Error;
 use crate::http::{self, HttpSettings};
 use crate::idempotency::{IdempotencyStore, MemoryStore};
 #[cfg(feature = "mcp")]
 use crate::mcp::{self, McpHandler, McpSettings};
+use crate::protection::{Protection, RateLimit, RateLimiter};
 use crate::runtime::{Runtime, Settings};
 use crate::state::StateMap;
 use crate::tool::{self, ToolDescriptor};
+use crate::tool_error::ToolError;
 
 /// Starts an app with every tool registered by `#[carmy::tool]` in the program.
 ///
@@ -39,6 +44,7 @@ pub struct App {
     store: Option<Arc<dyn IdempotencyStore>>,
     settings: Settings,
     http: HttpSettings,
+    protection: Protection,
     #[cfg(feature = "mcp")]
     mcp: McpSettings,
     shutdown_grace: Duration,
@@ -50,7 +56,7 @@ impl std::fmt::Debug for App {
             .field("name", &self.name)
             .field("tools", &self.tools.len())
             .field("settings", &self.settings)
-            .field("authenticator", &self.http.authenticator.is_some())
+            .field("authenticator", &self.protection.authenticator.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -71,6 +77,7 @@ impl App {
             store: None,
             settings: Settings::default(),
             http: HttpSettings::default(),
+            protection: Protection::default(),
             #[cfg(feature = "mcp")]
             mcp: McpSettings::default(),
             shutdown_grace: Duration::from_secs(10),
@@ -129,7 +136,63 @@ impl App {
     /// Decides who is calling from the request head (when host middleware has not inserted a
     /// [`Principal`](crate::Principal)). Without one, callers are anonymous.
     pub fn authenticator(mut self, authenticator: impl Authenticator) -> Self {
-        self.http.authenticator = Some(Arc::new(authenticator));
+        self.protection.authenticator = Some(Arc::new(authenticator));
+        self
+    }
+
+    /// Applies a `carmy.toml` ([`Config`]): its tokens become the authenticator, and its rate
+    /// limits, CORS origins and header settings replace the builder's.
+    pub fn config(mut self, config: Config) -> Self {
+        if let Some(tokens) = config.authenticator {
+            self.protection.authenticator = Some(Arc::new(tokens));
+        }
+        self.protection.limits = config.limits;
+        self.protection.trust_forwarded_for = config.trust_forwarded_for;
+        self.protection.cors_origins = config.cors_origins;
+        self.protection.security_headers = config.security_headers;
+        self
+    }
+
+    /// Reads `carmy.toml` (`CARMY_CONFIG`, else `./carmy.toml` when present) and the
+    /// `CARMY_*` overrides, and applies them with [`App::config`].
+    pub fn load_config(self) -> Result<Self, Error> {
+        Ok(self.config(Config::load()?))
+    }
+
+    /// Limits each caller trusted at `trust` to `limit`: over it, calls are refused with
+    /// `429 RATE_LIMITED` and `Retry-After`. Callers are counted per principal, anonymous ones
+    /// per peer address. Unlimited by default.
+    pub fn rate_limit(mut self, trust: TrustLevel, limit: RateLimit) -> Self {
+        self.protection.limits[trust.index()] = Some(limit);
+        self
+    }
+
+    /// Where the rate limits are counted (default: in process, a
+    /// [`MemoryRateLimiter`](crate::protection::MemoryRateLimiter)); a
+    /// `RedisRateLimiter` shares them across replicas.
+    pub fn rate_limiter(mut self, limiter: impl RateLimiter) -> Self {
+        self.protection.limiter = Arc::new(limiter);
+        self
+    }
+
+    /// Counts anonymous callers by the last address of `X-Forwarded-For` instead of the peer
+    /// address. Only behind a proxy that sets it: otherwise callers choose their own key.
+    pub fn trust_forwarded_for(mut self, trust: bool) -> Self {
+        self.protection.trust_forwarded_for = trust;
+        self
+    }
+
+    /// Allows browser requests (CORS) from `origin`, e.g. `https://app.example.com`. CORS is
+    /// off until an origin is allowed.
+    pub fn cors_allowed_origin(mut self, origin: impl Into<String>) -> Self {
+        self.protection.cors_origins.push(origin.into());
+        self
+    }
+
+    /// Adds `X-Content-Type-Options`, `X-Frame-Options`, `Referrer-Policy` and a
+    /// `Content-Security-Policy` that allows nothing to every response (default off).
+    pub fn security_headers(mut self, enabled: bool) -> Self {
+        self.protection.security_headers = enabled;
         self
     }
 
@@ -209,9 +272,14 @@ impl App {
                 canceller.cancel_all();
             });
         };
-        axum::serve(listener, router)
-            .with_graceful_shutdown(signal)
-            .await?;
+        // The peer address keys the rate limits of anonymous callers. Under a plain
+        // `axum::serve(listener, router)` it is unknown, and anonymous callers share one budget.
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(signal)
+        .await?;
         runtime.wait_idle().await;
         Ok(())
     }
@@ -230,19 +298,25 @@ impl App {
 
     pub(crate) fn build(self) -> Result<(axum::Router, Arc<Runtime>), Error> {
         let http = self.http.clone();
+        let protection = Arc::new(self.protection.clone());
         #[cfg(feature = "mcp")]
         let mcp = self.mcp.clone();
         let (name, runtime) = self.into_runtime()?;
-        let router = http::router(&name, Arc::clone(&runtime), &http, cfg!(feature = "mcp"));
+        let router = protection.guard(
+            http::router(&name, Arc::clone(&runtime), &http, cfg!(feature = "mcp")),
+            <ToolError as IntoResponse>::into_response,
+        );
         #[cfg(feature = "mcp")]
-        let router = router.merge(mcp::router(
-            McpHandler::new(&name, Arc::clone(&runtime), mcp.stdio_principal.clone()),
-            http.authenticator.clone(),
-            &mcp,
-            http.keep_alive,
-            runtime.shutdown_token(),
+        let router = router.merge(protection.guard(
+            mcp::router(
+                McpHandler::new(&name, Arc::clone(&runtime), mcp.stdio_principal.clone()),
+                &mcp,
+                http.keep_alive,
+                runtime.shutdown_token(),
+            ),
+            |error| mcp::refusal(&error),
         ));
-        Ok((router, runtime))
+        Ok((protection.cors(router), runtime))
     }
 
     /// Checks the app and starts its runtime; returns the server's name with it.

@@ -5,6 +5,7 @@ use std::collections::hash_map::Entry;
 
 use serde_json::Value;
 
+use crate::context::TrustLevel;
 use crate::error::Error;
 use crate::schema;
 use crate::state::StateMap;
@@ -84,6 +85,20 @@ impl Catalog {
     /// The tool called `name`.
     pub(crate) fn get(&self, name: &str) -> Option<&CatalogTool> {
         self.by_name.get(name).map(|&index| &self.tools[index])
+    }
+
+    /// The tools a caller trusted at `trust` may see and call, sorted by name.
+    pub(crate) fn visible_to(&self, trust: TrustLevel) -> impl Iterator<Item = &CatalogTool> {
+        self.tools
+            .iter()
+            .filter(move |tool| tool.descriptor.access <= trust)
+    }
+
+    /// The tool called `name`, if a caller trusted at `trust` may see it: a tool above the
+    /// caller's level is, to that caller, a tool that does not exist.
+    pub(crate) fn get_visible(&self, name: &str, trust: TrustLevel) -> Option<&CatalogTool> {
+        self.get(name)
+            .filter(|tool| tool.descriptor.access <= trust)
     }
 }
 

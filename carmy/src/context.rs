@@ -22,6 +22,24 @@ pub enum TrustLevel {
 }
 
 impl TrustLevel {
+    /// Every level, lowest first.
+    pub const ALL: [TrustLevel; 4] = [
+        TrustLevel::Anonymous,
+        TrustLevel::Known,
+        TrustLevel::Partner,
+        TrustLevel::Internal,
+    ];
+
+    /// The level's position in [`TrustLevel::ALL`].
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The level called `name` (`anonymous`, `known`, `partner` or `internal`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|level| level.as_str() == name)
+    }
+
     /// The wire and configuration name.
     pub const fn as_str(self) -> &'static str {
         match self {

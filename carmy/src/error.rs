@@ -51,6 +51,17 @@ pub enum Error {
     /// The app's name is empty.
     #[error("the app's name must not be empty")]
     EmptyName,
+    /// A token digest is not `sha256:` followed by 64 hex digits.
+    #[error(
+        "the token of `{id}` must be given as `sha256:<64 hex digits>` (see `carmy::auth::hash_token`), never in clear"
+    )]
+    InvalidTokenDigest {
+        /// The caller the token belongs to.
+        id: String,
+    },
+    /// The configuration (`carmy.toml` or a `CARMY_*` variable) is wrong.
+    #[error("invalid configuration: {0}")]
+    Config(String),
     /// Serving failed (binding the address, accepting connections).
     #[error("serving failed: {0}")]
     Io(#[from] std::io::Error),

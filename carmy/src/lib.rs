@@ -3,12 +3,14 @@
 mod app;
 pub mod auth;
 mod catalog;
+pub mod config;
 mod context;
 mod error;
 mod http;
 pub mod idempotency;
 #[cfg(feature = "mcp")]
 mod mcp;
+pub mod protection;
 mod runtime;
 mod schema;
 mod state;
@@ -18,6 +20,7 @@ mod tool_error;
 
 pub use app::{App, app};
 pub use carmy_macros::{JsonSchema, tool};
+pub use config::Config;
 pub use context::{Context, Principal, TrustLevel};
 pub use error::Error;
 pub use idempotency::ExecutionStatus;
@@ -37,7 +40,7 @@ pub mod __private {
     pub use inventory;
     pub use schemars;
 
-    pub use crate::context::Context;
+    pub use crate::context::{Context, TrustLevel};
     pub use crate::schema::{input_schema, no_input_schema, output_schema};
     pub use crate::state::State;
     pub use crate::tool::{

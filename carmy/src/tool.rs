@@ -13,7 +13,7 @@ use serde::{Serialize, Serializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::context::Context;
+use crate::context::{Context, TrustLevel};
 use crate::state::StateMap;
 use crate::tool_error::ToolError;
 
@@ -104,6 +104,8 @@ pub struct ToolDescriptor {
     #[doc(hidden)]
     pub confirmation: Confirmation,
     #[doc(hidden)]
+    pub access: TrustLevel,
+    #[doc(hidden)]
     pub timeout: Option<Duration>,
     #[doc(hidden)]
     pub input_schema: fn() -> Value,
@@ -130,6 +132,11 @@ impl ToolDescriptor {
         self.effect
     }
 
+    /// The lowest trust level that may see and call the tool.
+    pub fn access(&self) -> TrustLevel {
+        self.access
+    }
+
     /// Where the tool is defined, as `file:line`.
     pub fn location(&self) -> String {
         format!("{}:{}", self.file, self.line)
@@ -144,6 +151,7 @@ impl fmt::Debug for ToolDescriptor {
             .field("idempotent", &self.idempotent)
             .field("parallel_safe", &self.parallel_safe)
             .field("confirmation", &self.confirmation)
+            .field("access", &self.access)
             .field("timeout", &self.timeout)
             .field("location", &self.location())
             .finish_non_exhaustive()

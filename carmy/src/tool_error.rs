@@ -82,6 +82,10 @@ pub(crate) mod codes {
     pub(crate) const TOOL_PANIC: &str = "TOOL_PANIC";
     pub(crate) const OVERLOADED: &str = "OVERLOADED";
     pub(crate) const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+    pub(crate) const RATE_LIMITED: &str = "RATE_LIMITED";
+    pub(crate) const UNSUPPORTED_VERSION: &str = "UNSUPPORTED_VERSION";
+    #[cfg(feature = "redis")]
+    pub(crate) const RATE_LIMITER_UNAVAILABLE: &str = "RATE_LIMITER_UNAVAILABLE";
     #[cfg(feature = "mcp")]
     pub(crate) const ORIGIN_NOT_ALLOWED: &str = "ORIGIN_NOT_ALLOWED";
 }

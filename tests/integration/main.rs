@@ -11,6 +11,7 @@ mod fuzz;
 mod idempotency;
 mod mcp;
 mod mcp_clients;
+mod protection;
 mod replicas;
 mod routes;
 mod schemas;

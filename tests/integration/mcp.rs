@@ -699,3 +699,47 @@ async fn a_graceful_shutdown_ends_open_session_streams() {
         .unwrap();
     drop(stream);
 }
+
+#[tokio::test]
+async fn tools_list_and_calls_hide_what_the_caller_may_not_use() {
+    let tokens = carmy::auth::TokenAuthenticator::new()
+        .token(
+            &carmy::auth::hash_token("known"),
+            carmy::Principal::new("reporting", carmy::TrustLevel::Known),
+        )
+        .unwrap();
+    let router = shop::app().authenticator(tokens).router().unwrap();
+    let names = |listed: &Value| -> Vec<String> {
+        listed["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|tool| tool["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let anonymous = result(&send(&router, modern(1, "tools/list", json!({}))).await);
+    assert!(!names(&anonymous).contains(&"sales_summary".to_owned()));
+    let known = result(
+        &send(
+            &router,
+            modern_with(
+                2,
+                "tools/list",
+                json!({}),
+                ("authorization", "Bearer known"),
+            ),
+        )
+        .await,
+    );
+    assert!(names(&known).contains(&"sales_summary".to_owned()));
+    assert_eq!(names(&known).len(), names(&anonymous).len() + 1);
+
+    let hidden = send(&router, call(3, "sales_summary", json!({}), json!({}))).await;
+    let missing = send(&router, call(3, "sales_summarx", json!({}), json!({}))).await;
+    assert_eq!(hidden.status, missing.status);
+    assert_eq!(hidden.json()["error"]["data"]["code"], "TOOL_NOT_FOUND");
+    assert_eq!(
+        hidden.json().to_string().replace("sales_summary", "TOOL"),
+        missing.json().to_string().replace("sales_summarx", "TOOL")
+    );
+}

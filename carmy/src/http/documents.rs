@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
+use axum::http::Extensions;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -12,7 +13,9 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::auth::hex;
 use crate::catalog::Catalog;
+use crate::context::{Principal, TrustLevel};
 use crate::tool::{Confirmation, Effect};
 
 pub(crate) const DISCOVERY_PATH: &str = "/.well-known/agent";
@@ -27,9 +30,17 @@ pub(crate) const MCP_PATH: &str = "/mcp";
 static CACHE_CONTROL_VALUE: HeaderValue = HeaderValue::from_static("private, max-age=60");
 static JSON: HeaderValue = HeaderValue::from_static("application/json");
 
-/// The two discovery documents, serialized.
+/// The two discovery documents of every trust level, serialized: each level sees only the
+/// tools it may call, with its own ETag and `tools_version`.
 #[derive(Debug)]
 pub(crate) struct Documents {
+    /// Indexed by [`TrustLevel::index`].
+    levels: [LevelDocuments; 4],
+}
+
+/// The discovery document and the catalog one trust level sees.
+#[derive(Debug)]
+struct LevelDocuments {
     discovery: Document,
     catalog: Document,
 }
@@ -75,9 +86,24 @@ struct CatalogEntry<'a> {
 
 impl Documents {
     pub(crate) fn build(name: &str, catalog: &Catalog, mcp: bool) -> Self {
+        Documents {
+            levels: TrustLevel::ALL.map(|trust| LevelDocuments::build(name, catalog, mcp, trust)),
+        }
+    }
+
+    /// The documents the caller of `request` sees (anonymous when nobody attached a caller).
+    fn for_caller(&self, request: &Extensions) -> &LevelDocuments {
+        let trust = request
+            .get::<Principal>()
+            .map_or(TrustLevel::Anonymous, Principal::trust);
+        &self.levels[trust.index()]
+    }
+}
+
+impl LevelDocuments {
+    fn build(name: &str, catalog: &Catalog, mcp: bool, trust: TrustLevel) -> Self {
         let tools = catalog
-            .tools()
-            .iter()
+            .visible_to(trust)
             .map(|tool| CatalogEntry {
                 name: tool.descriptor.name,
                 description: &tool.description,
@@ -104,7 +130,7 @@ impl Documents {
             execute_url: EXECUTE_PATH,
             mcp_url: mcp.then_some(MCP_PATH),
         });
-        Documents { discovery, catalog }
+        LevelDocuments { discovery, catalog }
     }
 }
 
@@ -144,16 +170,19 @@ impl Document {
 
 pub(crate) async fn discovery(
     State(documents): State<Arc<Documents>>,
-    headers: HeaderMap,
+    request: Request,
 ) -> Response {
-    documents.discovery.respond(&headers)
+    documents
+        .for_caller(request.extensions())
+        .discovery
+        .respond(request.headers())
 }
 
-pub(crate) async fn catalog(
-    State(documents): State<Arc<Documents>>,
-    headers: HeaderMap,
-) -> Response {
-    documents.catalog.respond(&headers)
+pub(crate) async fn catalog(State(documents): State<Arc<Documents>>, request: Request) -> Response {
+    documents
+        .for_caller(request.extensions())
+        .catalog
+        .respond(request.headers())
 }
 
 /// `If-None-Match` uses weak comparison (RFC 9110 §13.1.2): `W/` prefixes are ignored, `*`
@@ -166,16 +195,6 @@ fn if_none_match_matches(header: &HeaderValue, etag: &HeaderValue) -> bool {
     header.split(',').map(str::trim).any(|candidate| {
         candidate == "*" || candidate.strip_prefix("W/").unwrap_or(candidate).as_bytes() == etag
     })
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut out, byte| {
-            let _ = write!(out, "{byte:02x}");
-            out
-        })
 }
 
 #[cfg(test)]

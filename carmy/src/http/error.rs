@@ -23,6 +23,8 @@ pub(crate) fn status_for(category: Option<Category>, code: Option<&str>) -> Stat
         Some(codes::PAYLOAD_TOO_LARGE) => return StatusCode::PAYLOAD_TOO_LARGE,
         Some(codes::METHOD_NOT_ALLOWED) => return StatusCode::METHOD_NOT_ALLOWED,
         Some(codes::UNAUTHENTICATED) => return StatusCode::UNAUTHORIZED,
+        Some(codes::RATE_LIMITED) => return StatusCode::TOO_MANY_REQUESTS,
+        Some(codes::UNSUPPORTED_VERSION) => return StatusCode::NOT_ACCEPTABLE,
         _ => {}
     }
     let Some(category) = category else {

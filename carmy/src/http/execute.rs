@@ -19,7 +19,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::error::status_for;
-use crate::auth::{self, Authenticator};
 use crate::context::Principal;
 use crate::runtime::{self, Call, Event, Outcome, Runtime, response};
 use crate::tool_error::{ToolError, codes, retry_after_secs};
@@ -37,7 +36,6 @@ static CARMY_REPLAYED: HeaderName = HeaderName::from_static("carmy-replayed");
 #[derive(Clone)]
 pub(crate) struct ExecuteState {
     pub(crate) runtime: Arc<Runtime>,
-    pub(crate) authenticator: Option<Arc<dyn Authenticator>>,
     pub(crate) keep_alive: Duration,
 }
 
@@ -57,10 +55,12 @@ fn empty_object() -> Value {
 
 pub(crate) async fn execute(State(state): State<ExecuteState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let principal = match auth::principal_of(&parts, state.authenticator.as_deref()).await {
-        Ok(principal) => principal,
-        Err(error) => return error.into_response(),
-    };
+    // Attached by the protection gate, which every route sits behind.
+    let principal = parts
+        .extensions
+        .get::<Principal>()
+        .cloned()
+        .unwrap_or_default();
     let call = match read_call(&parts.headers, body, principal).await {
         Ok(call) => call,
         Err(error) => return error.into_response(),

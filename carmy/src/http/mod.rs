@@ -11,7 +11,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 
-use crate::auth::Authenticator;
 use crate::runtime::Runtime;
 use crate::tool_error::{ToolError, codes};
 
@@ -22,8 +21,6 @@ pub(crate) use documents::MCP_PATH;
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
 #[derive(Clone)]
 pub(crate) struct HttpSettings {
-    /// Decides who is calling when host middleware did not.
-    pub(crate) authenticator: Option<Arc<dyn Authenticator>>,
     /// How often an SSE stream sends a keep-alive comment while the tool is quiet.
     pub(crate) keep_alive: Duration,
 }
@@ -31,7 +28,6 @@ pub(crate) struct HttpSettings {
 impl Default for HttpSettings {
     fn default() -> Self {
         HttpSettings {
-            authenticator: None,
             keep_alive: Duration::from_secs(15),
         }
     }
@@ -54,7 +50,6 @@ pub(crate) fn router(
         .route(documents::EXECUTE_PATH, post(execute::execute))
         .with_state(execute::ExecuteState {
             runtime,
-            authenticator: settings.authenticator.clone(),
             keep_alive: settings.keep_alive,
         });
     documents

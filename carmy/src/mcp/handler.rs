@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use super::tools::{self, LIST_TTL_MS};
-use crate::context::Principal;
+use crate::context::{Principal, TrustLevel};
 use crate::runtime::{self, Call, Event, Outcome, Runtime};
 use crate::tool_error::{ToolError, codes};
 
@@ -42,7 +42,8 @@ pub(crate) struct McpHandler {
 
 struct Shared {
     runtime: Arc<Runtime>,
-    tools: Vec<Tool>,
+    /// The tool list of each trust level, indexed by [`TrustLevel::index`].
+    tools: [Vec<Tool>; 4],
     info: ServerConfig,
     /// The caller of requests that come with no HTTP request (stdio).
     local_principal: Principal,
@@ -62,7 +63,7 @@ impl McpHandler {
         info.server_info = rmcp::model::Implementation::new(name, env!("CARGO_PKG_VERSION"));
         McpHandler {
             shared: Arc::new(Shared {
-                tools: tools::list(runtime.catalog()),
+                tools: TrustLevel::ALL.map(|trust| tools::list(runtime.catalog(), trust)),
                 runtime,
                 info,
                 local_principal,
@@ -95,11 +96,14 @@ impl ServerHandler for McpHandler {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.shared.tools.clone())
-            .with_ttl_ms(LIST_TTL_MS)
-            .with_cache_scope(CacheScope::Private))
+        let trust = self.principal(&context).trust();
+        Ok(
+            ListToolsResult::with_all_items(self.shared.tools[trust.index()].clone())
+                .with_ttl_ms(LIST_TTL_MS)
+                .with_cache_scope(CacheScope::Private),
+        )
     }
 
     async fn call_tool(
@@ -124,7 +128,7 @@ impl ServerHandler for McpHandler {
             .shared
             .runtime
             .catalog()
-            .get(&call.tool)
+            .get_visible(&call.tool, call.principal.trust())
             .is_some_and(tools::has_structured_output);
         // The SDK fires this token on `notifications/cancelled`, on a closed response stream
         // (2026-07-28) and when the session ends.

@@ -16,7 +16,9 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::HeaderValue;
-use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, WWW_AUTHENTICATE};
+use axum::http::header::{
+    CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, RETRY_AFTER, WWW_AUTHENTICATE,
+};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
@@ -26,11 +28,10 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::{self, Authenticator};
 use crate::context::Principal;
 use crate::error::Error;
 use crate::http::MCP_PATH;
-use crate::http::error::status_of;
+use crate::http::error::{retry_after_header, status_of};
 use crate::tool_error::{ToolError, codes};
 
 pub(crate) use handler::McpHandler;
@@ -55,7 +56,6 @@ pub(crate) struct McpSettings {
 /// shutdown: an open session stream would otherwise keep the server up forever).
 pub(crate) fn router(
     handler: McpHandler,
-    authenticator: Option<Arc<dyn Authenticator>>,
     settings: &McpSettings,
     keep_alive: Duration,
     shutdown: CancellationToken,
@@ -74,7 +74,6 @@ pub(crate) fn router(
         config,
     );
     let gate = Arc::new(Gate {
-        authenticator,
         allowed_origins: settings.allowed_origins.clone(),
     });
     Router::new()
@@ -97,12 +96,11 @@ pub(crate) async fn serve_stdio(handler: McpHandler) -> Result<(), Error> {
 
 /// What `/mcp` checks before the SDK sees a request.
 struct Gate {
-    authenticator: Option<Arc<dyn Authenticator>>,
     allowed_origins: Vec<String>,
 }
 
-/// Refuses foreign browser origins (`403`) and bad credentials (`401`), and attaches the caller
-/// to the request for the handler.
+/// Refuses foreign browser origins (`403`); the protection gate in front has already attached
+/// the caller.
 async fn admit(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
     if let Some(origin) = request.headers().get(ORIGIN)
         && !origin_allowed(origin, &gate.allowed_origins)
@@ -114,14 +112,7 @@ async fn admit(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> R
         .recoverable(false);
         return refusal(&error);
     }
-    let (mut parts, body) = request.into_parts();
-    match auth::principal_of(&parts, gate.authenticator.as_deref()).await {
-        Ok(principal) => {
-            parts.extensions.insert(principal);
-        }
-        Err(error) => return refusal(&error),
-    }
-    json_refusal(next.run(Request::from_parts(parts, body)).await).await
+    json_refusal(next.run(request).await).await
 }
 
 /// The SDK refuses some requests (wrong method, `Accept` or `Content-Type`) in plain text:
@@ -158,7 +149,7 @@ async fn json_refusal(response: Response) -> Response {
 
 /// A transport-level refusal: the HTTP status of the carmy error, and a JSON-RPC error without
 /// an id whose `data` is the carmy error.
-fn refusal(error: &ToolError) -> Response {
+pub(crate) fn refusal(error: &ToolError) -> Response {
     let body = json!({
         "jsonrpc": "2.0",
         "id": null,
@@ -170,6 +161,9 @@ fn refusal(error: &ToolError) -> Response {
     headers.insert(CACHE_CONTROL, NO_STORE.clone());
     if error.code() == codes::UNAUTHENTICATED {
         headers.insert(WWW_AUTHENTICATE, CHALLENGE.clone());
+    }
+    if let Some(retry_after) = retry_after_header(error) {
+        headers.insert(RETRY_AFTER, retry_after);
     }
     response
 }

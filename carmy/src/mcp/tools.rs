@@ -3,6 +3,7 @@
 use serde_json::{Value, json};
 
 use crate::catalog::{Catalog, CatalogTool};
+use crate::context::TrustLevel;
 use crate::schema;
 use crate::tool::Effect;
 
@@ -12,11 +13,10 @@ pub(crate) const TOOL_META_KEY: &str = "dev.carmy/tool";
 /// How long a client may cache the tool list, like the HTTP catalog's `max-age=60`.
 pub(crate) const LIST_TTL_MS: u64 = 60_000;
 
-/// Every tool of the catalog, in the catalog's (name) order.
-pub(crate) fn list(catalog: &Catalog) -> Vec<rmcp::model::Tool> {
+/// The tools a caller trusted at `trust` may see, in the catalog's (name) order.
+pub(crate) fn list(catalog: &Catalog, trust: TrustLevel) -> Vec<rmcp::model::Tool> {
     catalog
-        .tools()
-        .iter()
+        .visible_to(trust)
         .map(|tool| {
             serde_json::from_value(describe(tool)).expect("a carmy tool is a valid MCP tool")
         })

@@ -261,7 +261,7 @@ impl Runtime {
             request_id,
             principal,
         } = call;
-        let Some(entry) = self.catalog.get(&tool) else {
+        let Some(entry) = self.catalog.get_visible(&tool, principal.trust()) else {
             let error =
                 ToolError::not_found(codes::TOOL_NOT_FOUND, format!("no tool named `{tool}`"))
                     .details(json!({ "tool": tool }));

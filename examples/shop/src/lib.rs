@@ -249,3 +249,41 @@ pub async fn generate_report(ctx: Context, input: ReportRequest) -> Result<Repor
         seconds: input.seconds,
     })
 }
+
+/// What the shop has sold.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SalesSummary {
+    /// Orders standing (not cancelled).
+    pub orders: u64,
+    /// Units in standing orders.
+    pub units: u64,
+    /// What the standing orders are worth, in cents.
+    pub revenue_cents: u64,
+}
+
+/// Summarize the sales: standing orders, units sold and revenue.
+///
+/// Business figures: only callers trusted at `known` or above see this tool.
+#[carmy::tool(effect = "read", idempotent = true, access = "known")]
+pub async fn sales_summary(State(shop): State<Shop>) -> Result<SalesSummary, ToolError> {
+    let inventory = shop.lock();
+    let standing = inventory
+        .orders
+        .iter()
+        .filter(|order| order.status == OrderStatus::Placed);
+    let mut summary = SalesSummary {
+        orders: 0,
+        units: 0,
+        revenue_cents: 0,
+    };
+    for order in standing {
+        let price = inventory
+            .products
+            .get(&order.sku)
+            .map_or(0, |product| product.price_cents);
+        summary.orders += 1;
+        summary.units += order.quantity;
+        summary.revenue_cents += price.saturating_mul(order.quantity);
+    }
+    Ok(summary)
+}

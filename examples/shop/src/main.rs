@@ -3,6 +3,9 @@
 //!
 //! Idempotency records live where `CARMY_IDEMPOTENCY_URL` says (`postgres://…`, `redis://…`,
 //! `file:PATH`), in memory when it is unset; a store that cannot be reached stops the start.
+//!
+//! Tokens, rate limits and CORS come from `carmy.toml`: `CARMY_CONFIG` when set, else the
+//! example's own `examples/shop/carmy.toml`.
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -15,6 +18,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let addr = std::env::var("CARMY_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let store = carmy::idempotency::connect_from_env().await?;
-    shop::app().idempotency_store(store).serve(addr).await?;
+    let config_path = std::env::var_os(carmy::config::CONFIG_PATH_VAR).map_or_else(
+        || concat!(env!("CARGO_MANIFEST_DIR"), "/carmy.toml").into(),
+        std::path::PathBuf::from,
+    );
+    let config = carmy::Config::load_from(&config_path)?;
+    shop::app()
+        .idempotency_store(store)
+        .config(config)
+        .serve(addr)
+        .await?;
     Ok(())
 }

@@ -106,6 +106,7 @@ async fn custom_error() -> Result<u64, Refused> {
     idempotent = true,
     parallel_safe = false,
     confirmation = "required",
+    access = "partner",
     name = "every.key-v2",
     description = "Uses every key of the attribute",
     timeout = "250ms",
@@ -125,6 +126,8 @@ fn main() -> Result<(), carmy::Error> {
     let _registered = carmy::app().state(Db).state(Mailer).router()?;
     let _by_hand = carmy::App::new().tool(every_key::TOOL).router()?;
     assert_eq!(every_key::TOOL.name(), "every.key-v2");
+    assert_eq!(every_key::TOOL.access(), carmy::TrustLevel::Partner);
+    assert_eq!(r#type::TOOL.access(), carmy::TrustLevel::Anonymous);
     assert_eq!(r#type::TOOL.name(), "type");
     Ok(())
 }

@@ -1,0 +1,269 @@
+//! What every request passes before a route sees it, in this order: the protocol version
+//! (`Carmy-Version`), the caller's identity, then the caller's rate limit. A bad version costs
+//! no budget; a bad credential is refused before it can spend anyone's.
+
+mod rate_limit;
+#[cfg(feature = "redis")]
+mod redis;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use serde_json::json;
+
+use crate::auth::{self, Authenticator};
+use crate::context::{Principal, TrustLevel};
+use crate::tool_error::{ToolError, codes};
+
+pub use rate_limit::{Decision, MemoryRateLimiter, RateLimit, RateLimiter};
+#[cfg(feature = "redis")]
+pub use redis::RedisRateLimiter;
+
+static CARMY_VERSION: HeaderName = HeaderName::from_static("carmy-version");
+/// The protocol version every response announces.
+static SERVED_VERSION: HeaderValue = HeaderValue::from_static("1.0");
+/// The major versions a client may ask for.
+const SUPPORTED_MAJORS: &[u64] = &[1];
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// The headers of `security_headers`: no sniffing, no framing, no referrer, no active content.
+const SECURITY_HEADERS: &[(&str, &str)] = &[
+    ("x-content-type-options", "nosniff"),
+    ("x-frame-options", "DENY"),
+    ("referrer-policy", "no-referrer"),
+    (
+        "content-security-policy",
+        "default-src 'none'; frame-ancestors 'none'",
+    ),
+];
+
+/// Renders a refusal in a transport's own error shape.
+type Refuse = fn(ToolError) -> Response;
+
+/// How requests are admitted; set through the [`App`](crate::App) builder or `carmy.toml`.
+#[derive(Clone)]
+pub(crate) struct Protection {
+    pub(crate) authenticator: Option<Arc<dyn Authenticator>>,
+    /// The budget of each trust level, indexed by [`TrustLevel::index`]; `None` is unlimited.
+    pub(crate) limits: [Option<RateLimit>; 4],
+    pub(crate) limiter: Arc<dyn RateLimiter>,
+    /// Key anonymous callers by the last `X-Forwarded-For` address (set by a trusted proxy)
+    /// instead of the peer address.
+    pub(crate) trust_forwarded_for: bool,
+    /// Browser origins allowed by CORS; empty turns CORS off.
+    pub(crate) cors_origins: Vec<String>,
+    pub(crate) security_headers: bool,
+}
+
+impl Default for Protection {
+    fn default() -> Self {
+        Protection {
+            authenticator: None,
+            limits: [None; 4],
+            limiter: Arc::new(MemoryRateLimiter::new()),
+            trust_forwarded_for: false,
+            cors_origins: Vec::new(),
+            security_headers: false,
+        }
+    }
+}
+
+impl Protection {
+    /// Wraps every route of `router` in the checks; `refuse` renders a refusal in the
+    /// transport's own error shape.
+    pub(crate) fn guard(self: &Arc<Self>, router: Router, refuse: Refuse) -> Router {
+        router.layer(middleware::from_fn_with_state(
+            (Arc::clone(self), refuse),
+            guard,
+        ))
+    }
+
+    /// Answers browser preflights and adds CORS headers, when origins are configured.
+    pub(crate) fn cors(&self, router: Router) -> Router {
+        match cors_layer(&self.cors_origins) {
+            Some(cors) => router.layer(cors),
+            None => router,
+        }
+    }
+
+    /// Version, then caller, then budget; the caller is attached to the request for the
+    /// routes.
+    async fn admit(&self, request: Request) -> Result<Request, ToolError> {
+        check_version(request.headers())?;
+        let (mut parts, body) = request.into_parts();
+        let principal = auth::principal_of(&parts, self.authenticator.as_deref()).await?;
+        if let Some(limit) = self.limits[principal.trust().index()] {
+            let key = self.rate_key(&principal, &parts.headers, &parts.extensions);
+            if let Decision::Limited { retry_after } = self.limiter.check(&key, limit).await? {
+                return Err(ToolError::capacity(
+                    codes::RATE_LIMITED,
+                    "too many requests; retry later",
+                )
+                .retryable(retry_after));
+            }
+        }
+        parts.extensions.insert(principal);
+        Ok(Request::from_parts(parts, body))
+    }
+
+    /// The key a caller's budget is counted under: the principal, or for anonymous callers
+    /// the address they connect from.
+    fn rate_key(
+        &self,
+        principal: &Principal,
+        headers: &HeaderMap,
+        extensions: &axum::http::Extensions,
+    ) -> String {
+        if principal.trust() != TrustLevel::Anonymous {
+            return format!("principal:{}", principal.id());
+        }
+        let forwarded = if self.trust_forwarded_for {
+            last_forwarded_for(headers)
+        } else {
+            None
+        };
+        let peer = forwarded.or_else(|| {
+            extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|ConnectInfo(addr)| addr.ip())
+        });
+        match peer {
+            Some(ip) => format!("peer:{ip}"),
+            // Served without connection info (plain `axum::serve`): anonymous callers share
+            // one budget.
+            None => "peer:unknown".to_owned(),
+        }
+    }
+}
+
+async fn guard(
+    State((protection, refuse)): State<(Arc<Protection>, Refuse)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let mut response = match protection.admit(request).await {
+        Ok(request) => next.run(request).await,
+        Err(error) => refuse(error),
+    };
+    let headers = response.headers_mut();
+    headers.insert(CARMY_VERSION.clone(), SERVED_VERSION.clone());
+    if protection.security_headers {
+        for &(name, value) in SECURITY_HEADERS {
+            headers.insert(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+    }
+    response
+}
+
+/// `Carmy-Version` is optional; when present it is `1` or `1.<minor>`.
+fn check_version(headers: &HeaderMap) -> Result<(), ToolError> {
+    let Some(value) = headers.get(&CARMY_VERSION) else {
+        return Ok(());
+    };
+    let malformed =
+        || ToolError::invalid_request("Carmy-Version must be a version such as `1` or `1.0`");
+    let value = value.to_str().map_err(|_| malformed())?.trim();
+    let (major, minor) = value.split_once('.').unwrap_or((value, "0"));
+    let number = |part: &str| -> Option<u64> {
+        if part.bytes().all(|byte| byte.is_ascii_digit()) {
+            part.parse().ok()
+        } else {
+            None
+        }
+    };
+    let (Some(major), Some(_)) = (number(major), number(minor)) else {
+        return Err(malformed());
+    };
+    if SUPPORTED_MAJORS.contains(&major) {
+        return Ok(());
+    }
+    Err(ToolError::validation(
+        codes::UNSUPPORTED_VERSION,
+        format!("carmy/{major} is not served"),
+    )
+    .recoverable(false)
+    .details(json!({ "supported": ["1.0"] })))
+}
+
+/// The address the nearest proxy saw: the last entry of the last `X-Forwarded-For`.
+fn last_forwarded_for(headers: &HeaderMap) -> Option<IpAddr> {
+    let value = headers.get_all(&X_FORWARDED_FOR).iter().next_back()?;
+    value.to_str().ok()?.rsplit(',').next()?.trim().parse().ok()
+}
+
+fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let origins: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|origin| HeaderValue::from_str(origin).ok())
+        .collect();
+    Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins))
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                axum::http::header::AUTHORIZATION,
+                axum::http::header::CONTENT_TYPE,
+                axum::http::header::ACCEPT,
+                axum::http::header::IF_NONE_MATCH,
+                CARMY_VERSION.clone(),
+                HeaderName::from_static("idempotency-key"),
+            ])
+            .expose_headers([
+                CARMY_VERSION.clone(),
+                axum::http::header::ETAG,
+                axum::http::header::RETRY_AFTER,
+                HeaderName::from_static("carmy-replayed"),
+            ]),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version(value: &'static str) -> Result<(), String> {
+        let mut headers = HeaderMap::new();
+        headers.insert(&CARMY_VERSION, HeaderValue::from_static(value));
+        check_version(&headers).map_err(|error| error.code().to_owned())
+    }
+
+    #[test]
+    fn versions() {
+        assert_eq!(version("1"), Ok(()));
+        assert_eq!(version("1.0"), Ok(()));
+        assert_eq!(version("1.5"), Ok(()));
+        assert_eq!(version("2"), Err("UNSUPPORTED_VERSION".to_owned()));
+        assert_eq!(version("0.9"), Err("UNSUPPORTED_VERSION".to_owned()));
+        for garbage in ["", "v1", "1.", ".1", "1.x", "1.0.0", "one"] {
+            assert_eq!(
+                version(garbage),
+                Err("INVALID_REQUEST".to_owned()),
+                "{garbage}"
+            );
+        }
+    }
+
+    #[test]
+    fn forwarded_for_takes_the_nearest_proxy() {
+        let mut headers = HeaderMap::new();
+        headers.append(
+            &X_FORWARDED_FOR,
+            HeaderValue::from_static("1.1.1.1, 2.2.2.2"),
+        );
+        assert_eq!(last_forwarded_for(&headers), Some([2, 2, 2, 2].into()));
+        headers.append(&X_FORWARDED_FOR, HeaderValue::from_static("3.3.3.3"));
+        assert_eq!(last_forwarded_for(&headers), Some([3, 3, 3, 3].into()));
+    }
+}

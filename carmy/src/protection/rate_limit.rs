@@ -1,0 +1,127 @@
+//! Per-caller request budgets: a fixed window per key, in process ([`MemoryRateLimiter`]) or
+//! shared by replicas through Redis (`RedisRateLimiter`, with the `redis` feature).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::time::Instant;
+
+use crate::tool_error::ToolError;
+
+/// A budget: at most `requests` per `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Requests allowed in one window (at least 1).
+    pub requests: u32,
+    /// The window's length.
+    pub window: Duration,
+}
+
+/// Whether a request fits its caller's budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// The request may proceed.
+    Allowed,
+    /// The budget is spent; the window ends after this long.
+    Limited {
+        /// Until the window ends.
+        retry_after: Duration,
+    },
+}
+
+/// Counts the requests of each caller. Keys are opaque: the principal's id, or the peer address
+/// of anonymous callers.
+pub trait RateLimiter: Send + Sync + 'static {
+    /// Counts one request of `key` against `limit`.
+    fn check<'a>(
+        &'a self,
+        key: &'a str,
+        limit: RateLimit,
+    ) -> BoxFuture<'a, Result<Decision, ToolError>>;
+}
+
+/// The in-process limiter (the default). Memory stays bounded: a key whose window has passed is
+/// evicted by the next sweep, which runs at most once per window.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryRateLimiter {
+    inner: Arc<Mutex<Windows>>,
+}
+
+#[derive(Debug)]
+struct Windows {
+    by_key: HashMap<Box<str>, Window>,
+    last_sweep: Instant,
+}
+
+impl Default for Windows {
+    fn default() -> Self {
+        Windows {
+            by_key: HashMap::new(),
+            last_sweep: Instant::now(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    ends: Instant,
+    count: u32,
+}
+
+impl MemoryRateLimiter {
+    /// A limiter that tracks no key yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many callers are tracked now (evicted idle ones excluded).
+    pub fn tracked_keys(&self) -> usize {
+        self.lock().by_key.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Windows> {
+        // A panic while holding the lock leaves at worst a stale count: keep counting.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn count(&self, key: &str, limit: RateLimit) -> Decision {
+        let now = Instant::now();
+        let mut windows = self.lock();
+        if now.duration_since(windows.last_sweep) >= limit.window {
+            windows.by_key.retain(|_, window| window.ends > now);
+            windows.last_sweep = now;
+        }
+        let fresh = Window {
+            ends: now + limit.window,
+            count: 0,
+        };
+        let window = windows
+            .by_key
+            .entry(key.into())
+            .and_modify(|window| {
+                if window.ends <= now {
+                    *window = fresh;
+                }
+            })
+            .or_insert(fresh);
+        if window.count >= limit.requests {
+            return Decision::Limited {
+                retry_after: window.ends - now,
+            };
+        }
+        window.count += 1;
+        Decision::Allowed
+    }
+}
+
+impl RateLimiter for MemoryRateLimiter {
+    fn check<'a>(
+        &'a self,
+        key: &'a str,
+        limit: RateLimit,
+    ) -> BoxFuture<'a, Result<Decision, ToolError>> {
+        Box::pin(std::future::ready(Ok(self.count(key, limit))))
+    }
+}

@@ -1,0 +1,545 @@
+//! Trust and protection: who may see and call which tool, how much each caller may send, and
+//! which protocol versions are served — through the router and over real sockets.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{Request, StatusCode};
+use carmy::auth::{TokenAuthenticator, hash_token};
+use carmy::protection::{MemoryRateLimiter, RateLimit};
+use carmy::{Principal, ToolError, TrustLevel};
+use carmy_tests::{Answer, execute_request, send, send_to, server_url};
+use serde_json::{Value, json};
+
+use crate::tools::{self, Probe, Text};
+
+const KNOWN_TOKEN: &str = "known-token-0123456789";
+const INTERNAL_TOKEN: &str = "internal-token-0123456789";
+
+/// The ledger: only callers trusted at `known` or above may see it.
+#[carmy::tool(effect = "read", idempotent = true, access = "known", register = false)]
+async fn ledger(input: Text) -> Result<Text, ToolError> {
+    Ok(Text {
+        text: format!("ledger: {}", input.text),
+    })
+}
+
+fn tokens() -> TokenAuthenticator {
+    TokenAuthenticator::new()
+        .token(
+            &hash_token(KNOWN_TOKEN),
+            Principal::new("reporting", TrustLevel::Known),
+        )
+        .unwrap()
+        .token(
+            &hash_token(INTERNAL_TOKEN),
+            Principal::new("assistant", TrustLevel::Internal).with_permission("confirm:wipe"),
+        )
+        .unwrap()
+}
+
+fn app(probe: &Probe) -> carmy::App {
+    tools::app(probe).tool(ledger::TOOL).authenticator(tokens())
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+fn get_request(path: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut request = Request::get(path);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(Body::empty()).unwrap()
+}
+
+fn tool_names(catalog: &Value) -> Vec<&str> {
+    catalog["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap())
+        .collect()
+}
+
+fn from_peer(mut request: Request<Body>, peer: [u8; 4]) -> Request<Body> {
+    request
+        .extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from((peer, 4000))));
+    request
+}
+
+#[tokio::test]
+async fn each_trust_level_sees_its_own_catalog_and_etag() {
+    let router = app(&Probe::default()).router().unwrap();
+    let auth = bearer(KNOWN_TOKEN);
+
+    let anonymous = send(&router, get_request("/agent/tools", &[])).await;
+    let known = send(
+        &router,
+        get_request("/agent/tools", &[("authorization", auth.as_str())]),
+    )
+    .await;
+    assert_eq!(anonymous.status, StatusCode::OK);
+    assert_eq!(known.status, StatusCode::OK);
+    assert!(!tool_names(&anonymous.json()).contains(&"ledger"));
+    assert!(tool_names(&known.json()).contains(&"ledger"));
+    assert_eq!(
+        tool_names(&known.json()).len(),
+        tool_names(&anonymous.json()).len() + 1
+    );
+    let anonymous_etag = anonymous.header("etag").unwrap();
+    let known_etag = known.header("etag").unwrap();
+    assert_ne!(anonymous_etag, known_etag);
+    assert_eq!(
+        anonymous_etag,
+        format!("\"{}\"", carmy_tests::sha256_hex(&anonymous.body))
+    );
+
+    // Each level's ETag revalidates its own catalog only.
+    let not_modified = send(
+        &router,
+        get_request(
+            "/agent/tools",
+            &[
+                ("authorization", auth.as_str()),
+                ("if-none-match", known_etag),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(not_modified.status, StatusCode::NOT_MODIFIED);
+    let changed = send(
+        &router,
+        get_request("/agent/tools", &[("if-none-match", known_etag)]),
+    )
+    .await;
+    assert_eq!(changed.status, StatusCode::OK);
+
+    // Discovery announces the version of the catalog the caller sees.
+    let discovery = send(&router, get_request("/.well-known/agent", &[]))
+        .await
+        .json();
+    let known_discovery = send(
+        &router,
+        get_request("/.well-known/agent", &[("authorization", auth.as_str())]),
+    )
+    .await
+    .json();
+    assert_eq!(discovery["tools_version"], anonymous_etag.trim_matches('"'));
+    assert_eq!(
+        known_discovery["tools_version"],
+        known_etag.trim_matches('"')
+    );
+}
+
+/// The answer with what differs between two tool names taken out.
+fn normalized(answer: &Answer, tool: &str) -> (StatusCode, String) {
+    let mut body = answer.json();
+    body["execution_id"] = Value::Null;
+    let text = body.to_string().replace(tool, "TOOL");
+    (answer.status, text)
+}
+
+#[tokio::test]
+async fn a_hidden_tool_answers_exactly_like_a_missing_one() {
+    let probe = Probe::default();
+    let router = app(&probe).router().unwrap();
+    let call = |tool: &str| json!({ "tool": tool, "arguments": { "text": "x" } });
+
+    let hidden = send(&router, execute_request(&call("ledger"), &[])).await;
+    let missing = send(&router, execute_request(&call("ledgex"), &[])).await;
+    assert_eq!(hidden.status, StatusCode::NOT_FOUND);
+    assert_eq!(hidden.json()["error"]["code"], "TOOL_NOT_FOUND");
+    assert_eq!(
+        normalized(&hidden, "ledger"),
+        normalized(&missing, "ledgex")
+    );
+    let header_names = |answer: &Answer| {
+        let mut names: Vec<String> = answer.headers.keys().map(ToString::to_string).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(header_names(&hidden), header_names(&missing));
+
+    let allowed = send(
+        &router,
+        execute_request(
+            &call("ledger"),
+            &[("authorization", bearer(KNOWN_TOKEN).as_str())],
+        ),
+    )
+    .await;
+    assert_eq!(allowed.status, StatusCode::OK);
+    assert_eq!(allowed.json()["data"]["text"], "ledger: x");
+}
+
+#[tokio::test]
+async fn tokens_are_verified_and_never_downgraded() {
+    let probe = Probe::default();
+    let router = app(&probe).router().unwrap();
+    let wipe = json!({ "tool": "wipe" });
+
+    // The internal token carries `confirm:wipe`.
+    let granted = send(
+        &router,
+        execute_request(&wipe, &[("authorization", bearer(INTERNAL_TOKEN).as_str())]),
+    )
+    .await;
+    assert_eq!(granted.status, StatusCode::OK);
+    assert_eq!(granted.json()["data"]["text"], "wiped by assistant");
+
+    let mut one_byte_off = INTERNAL_TOKEN.as_bytes().to_vec();
+    *one_byte_off.last_mut().unwrap() ^= 1;
+    let one_byte_off = String::from_utf8(one_byte_off).unwrap();
+    for authorization in [
+        bearer(&one_byte_off),
+        bearer(&INTERNAL_TOKEN[..INTERNAL_TOKEN.len() - 1]),
+        format!("Basic {INTERNAL_TOKEN}"),
+        "Bearer ".to_owned(),
+    ] {
+        let refused = send(
+            &router,
+            execute_request(&wipe, &[("authorization", authorization.as_str())]),
+        )
+        .await;
+        assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{authorization}");
+        assert_eq!(
+            refused.header("www-authenticate"),
+            Some("Bearer realm=\"carmy\"")
+        );
+        assert_eq!(refused.header("content-type"), Some("application/json"));
+        assert_eq!(refused.header("carmy-version"), Some("1.0"));
+        let body = refused.json();
+        assert_eq!(body["error"]["code"], "UNAUTHENTICATED");
+        assert_eq!(body["error"]["category"], "permission");
+        assert!(
+            !refused
+                .body
+                .windows(8)
+                .any(|window| window == &INTERNAL_TOKEN.as_bytes()[..8])
+        );
+    }
+    // The catalog is refused too: no listing with bad credentials.
+    let catalog = send(
+        &router,
+        get_request(
+            "/agent/tools",
+            &[("authorization", bearer(&one_byte_off).as_str())],
+        ),
+    )
+    .await;
+    assert_eq!(catalog.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(probe.runs(), 1);
+}
+
+fn limited_app(probe: &Probe, limiter: &MemoryRateLimiter) -> Router {
+    app(probe)
+        .rate_limit(
+            TrustLevel::Anonymous,
+            RateLimit {
+                requests: 3,
+                window: Duration::from_secs(10),
+            },
+        )
+        .rate_limit(
+            TrustLevel::Known,
+            RateLimit {
+                requests: 5,
+                window: Duration::from_secs(10),
+            },
+        )
+        .rate_limiter(limiter.clone())
+        .router()
+        .unwrap()
+}
+
+fn echo() -> Value {
+    json!({ "tool": "echo", "arguments": { "text": "hi" } })
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_request_over_budget_is_refused_until_the_window_passes() {
+    let limiter = MemoryRateLimiter::new();
+    let router = limited_app(&Probe::default(), &limiter);
+    let anonymous = || from_peer(execute_request(&echo(), &[]), [10, 0, 0, 1]);
+
+    for _ in 0..3 {
+        assert_eq!(send(&router, anonymous()).await.status, StatusCode::OK);
+    }
+    tokio::time::advance(Duration::from_secs(4)).await;
+    let refused = send(&router, anonymous()).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("retry-after"), Some("6"));
+    assert_eq!(refused.header("carmy-version"), Some("1.0"));
+    let error = &refused.json()["error"];
+    assert_eq!(error["code"], "RATE_LIMITED");
+    assert_eq!(error["category"], "capacity");
+    assert_eq!(error["retryable"], true);
+    assert_eq!(error["retry_after"], 6);
+
+    // Another peer, and a known caller, have budgets of their own.
+    let other_peer = from_peer(execute_request(&echo(), &[]), [10, 0, 0, 2]);
+    assert_eq!(send(&router, other_peer).await.status, StatusCode::OK);
+    let known = execute_request(&echo(), &[("authorization", bearer(KNOWN_TOKEN).as_str())]);
+    assert_eq!(
+        send(&router, from_peer(known, [10, 0, 0, 1])).await.status,
+        StatusCode::OK
+    );
+
+    tokio::time::advance(Duration::from_secs(6)).await;
+    assert_eq!(send(&router, anonymous()).await.status, StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_known_level_has_its_own_limit_per_principal() {
+    let limiter = MemoryRateLimiter::new();
+    let router = limited_app(&Probe::default(), &limiter);
+    let known = || execute_request(&echo(), &[("authorization", bearer(KNOWN_TOKEN).as_str())]);
+    for _ in 0..5 {
+        assert_eq!(send(&router, known()).await.status, StatusCode::OK);
+    }
+    assert_eq!(
+        send(&router, known()).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // The internal level is unlimited.
+    let internal = || {
+        execute_request(
+            &echo(),
+            &[("authorization", bearer(INTERNAL_TOKEN).as_str())],
+        )
+    };
+    for _ in 0..20 {
+        assert_eq!(send(&router, internal()).await.status, StatusCode::OK);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_limiter_keys_are_evicted() {
+    let limiter = MemoryRateLimiter::new();
+    let router = limited_app(&Probe::default(), &limiter);
+    for peer in 0..50 {
+        let request = from_peer(get_request("/agent/tools", &[]), [10, 1, 0, peer]);
+        assert_eq!(send(&router, request).await.status, StatusCode::OK);
+    }
+    assert_eq!(limiter.tracked_keys(), 50);
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let request = from_peer(get_request("/agent/tools", &[]), [10, 2, 0, 1]);
+    assert_eq!(send(&router, request).await.status, StatusCode::OK);
+    assert_eq!(limiter.tracked_keys(), 1);
+}
+
+#[tokio::test]
+async fn versions_are_negotiated_before_any_budget_is_spent() {
+    let limiter = MemoryRateLimiter::new();
+    let router = limited_app(&Probe::default(), &limiter);
+    let with_version = |version: &str| {
+        from_peer(
+            execute_request(&echo(), &[("carmy-version", version)]),
+            [10, 3, 0, 1],
+        )
+    };
+
+    let unsupported = send(&router, with_version("2")).await;
+    assert_eq!(unsupported.status, StatusCode::NOT_ACCEPTABLE);
+    assert_eq!(unsupported.header("carmy-version"), Some("1.0"));
+    let error = &unsupported.json()["error"];
+    assert_eq!(error["code"], "UNSUPPORTED_VERSION");
+    assert_eq!(error["details"]["supported"], json!(["1.0"]));
+
+    let garbage = send(&router, with_version("banana")).await;
+    assert_eq!(garbage.status, StatusCode::BAD_REQUEST);
+    assert_eq!(garbage.json()["error"]["code"], "INVALID_REQUEST");
+    assert_eq!(garbage.header("carmy-version"), Some("1.0"));
+    assert_eq!(limiter.tracked_keys(), 0, "refused versions cost no budget");
+
+    for version in ["1.5", "1", "1.0"] {
+        let accepted = send(&router, with_version(version)).await;
+        assert_eq!(accepted.status, StatusCode::OK, "{version}");
+        assert_eq!(accepted.header("carmy-version"), Some("1.0"));
+    }
+    // Every answer carries the version, unknown routes included.
+    let missing = send(&router, get_request("/nowhere", &[])).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert_eq!(missing.header("carmy-version"), Some("1.0"));
+}
+
+#[tokio::test]
+async fn cors_is_off_by_default_and_allows_only_configured_origins() {
+    let preflight = |origin: &str| {
+        Request::options("/agent/execute")
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let closed = app(&Probe::default()).router().unwrap();
+    let answer = send(&closed, preflight("https://app.example.com")).await;
+    assert_eq!(answer.header("access-control-allow-origin"), None);
+
+    let open = app(&Probe::default())
+        .cors_allowed_origin("https://app.example.com")
+        .security_headers(true)
+        .router()
+        .unwrap();
+    let allowed = send(&open, preflight("https://app.example.com")).await;
+    assert_eq!(
+        allowed.header("access-control-allow-origin"),
+        Some("https://app.example.com")
+    );
+    let foreign = send(&open, preflight("https://evil.example")).await;
+    assert_eq!(foreign.header("access-control-allow-origin"), None);
+
+    let answer = send(&open, get_request("/agent/tools", &[])).await;
+    assert_eq!(answer.header("x-content-type-options"), Some("nosniff"));
+    assert_eq!(answer.header("x-frame-options"), Some("DENY"));
+    let plain = send(&closed, get_request("/agent/tools", &[])).await;
+    assert_eq!(plain.header("x-content-type-options"), None);
+}
+
+/// Serves `app` the way `App::serve` does (peer addresses known) on a loopback port.
+async fn serve(app: carmy::App) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(app.serve_with_shutdown(listener, std::future::pending()));
+    addr
+}
+
+fn socket_request(addr: SocketAddr, body: &Value, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut request = execute_request(body, headers);
+    request
+        .headers_mut()
+        .insert("host", addr.to_string().parse().unwrap());
+    request
+}
+
+#[tokio::test]
+async fn over_a_socket_peers_are_limited_and_tokens_checked() {
+    let addr = serve(app(&Probe::default()).rate_limit(
+        TrustLevel::Anonymous,
+        RateLimit {
+            requests: 2,
+            window: Duration::from_secs(60),
+        },
+    ))
+    .await;
+
+    let hidden = send_to(
+        addr,
+        socket_request(
+            addr,
+            &json!({ "tool": "ledger", "arguments": { "text": "x" } }),
+            &[],
+        ),
+    )
+    .await;
+    assert_eq!(hidden.status, StatusCode::NOT_FOUND);
+    assert_eq!(hidden.header("carmy-version"), Some("1.0"));
+    assert_eq!(
+        send_to(addr, socket_request(addr, &echo(), &[]))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let limited = send_to(addr, socket_request(addr, &echo(), &[])).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(limited.header("retry-after").is_some());
+
+    // A forged X-Forwarded-For is ignored unless configured.
+    let forged = send_to(
+        addr,
+        socket_request(addr, &echo(), &[("x-forwarded-for", "203.0.113.9")]),
+    )
+    .await;
+    assert_eq!(forged.status, StatusCode::TOO_MANY_REQUESTS);
+
+    let known = send_to(
+        addr,
+        socket_request(
+            addr,
+            &json!({ "tool": "ledger", "arguments": { "text": "x" } }),
+            &[("authorization", bearer(KNOWN_TOKEN).as_str())],
+        ),
+    )
+    .await;
+    assert_eq!(known.status, StatusCode::OK);
+    let refused = send_to(
+        addr,
+        socket_request(addr, &echo(), &[("authorization", "Bearer nope")]),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn two_replicas_share_limits_through_redis() {
+    let Some(url) = server_url("CARMY_TEST_REDIS_URL") else {
+        return;
+    };
+    let id = format!("shared-{}", carmy_tests::run_id());
+    let replica = || async {
+        let authenticator = TokenAuthenticator::new()
+            .token(
+                &hash_token(KNOWN_TOKEN),
+                Principal::new(id.as_str(), TrustLevel::Known),
+            )
+            .unwrap();
+        tools::app(&Probe::default())
+            .authenticator(authenticator)
+            .rate_limit(
+                TrustLevel::Known,
+                RateLimit {
+                    requests: 3,
+                    window: Duration::from_secs(30),
+                },
+            )
+            .rate_limiter(
+                carmy::protection::RedisRateLimiter::connect(&url)
+                    .await
+                    .unwrap(),
+            )
+            .router()
+            .unwrap()
+    };
+    let (first, second) = (replica().await, replica().await);
+    let call = || execute_request(&echo(), &[("authorization", bearer(KNOWN_TOKEN).as_str())]);
+    assert_eq!(send(&first, call()).await.status, StatusCode::OK);
+    assert_eq!(send(&second, call()).await.status, StatusCode::OK);
+    assert_eq!(send(&first, call()).await.status, StatusCode::OK);
+    let refused = send(&second, call()).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=30).contains(&retry_after), "{retry_after}");
+    assert_eq!(
+        send(&first, call()).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn the_shop_example_config_grants_its_demo_tokens() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/shop/carmy.toml");
+    let config = carmy::Config::parse(&std::fs::read_to_string(path).unwrap(), |_| None).unwrap();
+    let router = shop::app().config(config).router().unwrap();
+    let catalog = |token: Option<&str>| {
+        let mut request = get_request("/agent/tools", &[]);
+        if let Some(token) = token {
+            request
+                .headers_mut()
+                .insert("authorization", bearer(token).parse().unwrap());
+        }
+        send(&router, request)
+    };
+    let anonymous = catalog(None).await;
+    assert!(!tool_names(&anonymous.json()).contains(&"sales_summary"));
+    let known = catalog(Some("shop-known-demo-token")).await;
+    assert!(tool_names(&known.json()).contains(&"sales_summary"));
+    assert_eq!(known.header("x-content-type-options"), Some("nosniff"));
+    let wrong = catalog(Some("shop-known-demo-tokem")).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+}
