@@ -221,7 +221,7 @@ pub(crate) async fn expiry<F: std::future::Future<Output = ()>>(
     advance(ttl + Duration::from_millis(10)).await;
     assert!(matches!(
         store
-            .reserve(&k, &fingerprint("t", 9), "exec_3", LEASE, ttl)
+            .reserve(&k, &fingerprint("t", 9), &Arc::from("exec_3"), LEASE, ttl)
             .await
             .unwrap(),
         Reservation::Reserved
