@@ -119,15 +119,17 @@ def build():
 
 class Server:
     def __init__(self, target):
-        env = dict(os.environ, CARMY_ADDR=f"127.0.0.1:{PORT}", RUST_LOG="warn",
-                   # the shipped carmy.toml limits anonymous callers to 60 calls a minute
-                   CARMY_RATE_LIMIT_ANONYMOUS="1000000000")
+        # The example as shipped, its default logging going to a file as a deployment's would;
+        # only the shipped budget of 60 anonymous calls a minute is lifted.
+        env = dict(os.environ, CARMY_ADDR=f"127.0.0.1:{PORT}", CARMY_RATE_LIMIT_ANONYMOUS="1000000000")
+        env.pop("RUST_LOG", None)
         env.pop("CARMY_IDEMPOTENCY_URL", None)
         store = target.removeprefix("carmy, ")
         if store in STORES:
             env["CARMY_IDEMPOTENCY_URL"] = STORES[store].format(tmp=tempfile.mkdtemp())
+        self.log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(["taskset", "-c", "0", *SERVERS[target]()], env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                        stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + 10
         while time.time() < deadline:
             try:
@@ -146,6 +148,7 @@ class Server:
     def stop(self):
         self.process.send_signal(signal.SIGKILL)
         self.process.wait()
+        self.log.close()
 
 
 def wrk(method, path, body, headers, seconds):
