@@ -80,7 +80,8 @@ fn rss() -> u64 {
 const EVENTS: u64 = 1_000_000;
 
 /// Sends `head` and `body` on a raw socket, then reads nothing until the tool is done; returns
-/// the growth of the resident set meanwhile and the socket.
+/// the growth of the resident set meanwhile (printed: other tests share the process, so it is
+/// a figure, not the assertion) and the socket.
 async fn stall(addr: std::net::SocketAddr, done: &Done, head: &str, body: &str) -> (u64, TcpStream) {
     done.0.store(false, Ordering::SeqCst);
     let before = rss();
@@ -121,7 +122,10 @@ async fn read_until(socket: &mut TcpStream, needle: &str) -> String {
     String::from_utf8_lossy(&received).into_owned()
 }
 
-const LIMIT: u64 = 64 * 1024 * 1024;
+/// What may reach a client that read nothing while the tool ran: the socket buffers (a few
+/// MiB on loopback, under 100,000 events) and carmy's bounded queue. Without a bound, all
+/// 1,000,000 events wait in memory for it (+94 MiB of resident set here) and are delivered.
+const MOST_DELIVERED: usize = 200_000;
 
 /// One test for both transports, so the two measures do not overlap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,13 +138,11 @@ async fn progress_to_a_client_that_stops_reading_is_bounded() {
     let head = "POST /agent/execute HTTP/1.1\r\nhost: localhost\r\n\
                 content-type: application/json\r\naccept: text/event-stream\r\n";
     let (growth, mut socket) = stall(server.addr, &done, head, &body).await;
+    eprintln!("SSE: {EVENTS} progress events, resident set grew by {} KiB", growth / 1024);
     let text = read_until(&mut socket, "event: execution.completed").await;
     let received = text.matches("event: tool.progress").count();
-    eprintln!(
-        "SSE: {EVENTS} progress events, {received} delivered, resident set grew by {} KiB",
-        growth / 1024
-    );
-    assert!(growth < LIMIT, "SSE: the resident set grew by {growth} bytes");
+    eprintln!("SSE: {received} progress events delivered");
+    assert!(received < MOST_DELIVERED, "SSE: {received} events were kept for the client");
     let completed = text.rsplit("event: execution.completed").next().unwrap();
     assert!(completed.contains("\"data\":{\"emitted\":1000000}"), "{completed}");
     // The last report is never coalesced away.
@@ -168,13 +170,11 @@ async fn progress_to_a_client_that_stops_reading_is_bounded() {
                 accept: application/json, text/event-stream\r\n\
                 mcp-protocol-version: 2026-07-28\r\nmcp-method: tools/call\r\nmcp-name: chatter\r\n";
     let (growth, mut socket) = stall(server.addr, &done, head, &body).await;
+    eprintln!("MCP: {EVENTS} progress events, resident set grew by {} KiB", growth / 1024);
     let text = read_until(&mut socket, "\"structuredContent\"").await;
     let received = text.matches("notifications/progress").count();
-    eprintln!(
-        "MCP: {EVENTS} progress events, {received} delivered, resident set grew by {} KiB",
-        growth / 1024
-    );
-    assert!(growth < LIMIT, "MCP: the resident set grew by {growth} bytes");
+    eprintln!("MCP: {received} progress notifications delivered");
+    assert!(received < MOST_DELIVERED, "MCP: {received} events were kept for the client");
     assert!(text.contains("\"structuredContent\":{\"emitted\":1000000}"));
 }
 

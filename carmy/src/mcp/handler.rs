@@ -167,15 +167,34 @@ async fn forward_progress(
     loop {
         tokio::select! {
             biased;
-            event = receiver.recv() => send(event).await,
-            outcome = &mut execution => {
-                while let Some(event) = receiver.try_recv() {
-                    send(event).await;
+            outcome = &mut execution => return drain(outcome, &mut receiver, send).await,
+            event = receiver.recv() => {
+                // The execution keeps running while a slow client takes the notification:
+                // the queue, not the client, bounds what waits.
+                let mut sending = std::pin::pin!(send(event));
+                tokio::select! {
+                    biased;
+                    () = &mut sending => {}
+                    outcome = &mut execution => {
+                        sending.await;
+                        return drain(outcome, &mut receiver, send).await;
+                    }
                 }
-                return outcome;
             }
         }
     }
+}
+
+/// Sends the progress still queued, then gives back `outcome`: the answer comes last.
+async fn drain<F: Future<Output = ()>>(
+    outcome: Outcome,
+    receiver: &mut EventReceiver,
+    send: impl Fn(Event) -> F,
+) -> Outcome {
+    while let Some(event) = receiver.try_recv() {
+        send(event).await;
+    }
+    outcome
 }
 
 /// The idempotency key from the call's `_meta`, checked like HTTP's `request_id`.
