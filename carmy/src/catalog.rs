@@ -5,8 +5,8 @@ use std::collections::hash_map::Entry;
 
 use serde_json::Value;
 
-use crate::principal::TrustLevel;
 use crate::error::Error;
+use crate::principal::TrustLevel;
 use crate::schema;
 use crate::state::StateMap;
 use crate::tool::ToolDescriptor;

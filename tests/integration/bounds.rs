@@ -28,7 +28,11 @@ struct Emitted {
 
 /// Reports `count` progress events as fast as it can.
 #[carmy::tool(effect = "none", timeout = "60s", register = false)]
-async fn chatter(ctx: Context, State(done): State<Done>, input: Chatter) -> Result<Emitted, ToolError> {
+async fn chatter(
+    ctx: Context,
+    State(done): State<Done>,
+    input: Chatter,
+) -> Result<Emitted, ToolError> {
     for step in 1..=input.count {
         ctx.progress(step, input.count, format!("step {step} of the work"));
         if step % 4096 == 0 {
@@ -68,12 +72,7 @@ fn rss() -> u64 {
         .lines()
         .find(|line| line.starts_with("VmRSS:"))
         .unwrap();
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     kib * 1024
 }
 
@@ -82,7 +81,12 @@ const EVENTS: u64 = 1_000_000;
 /// Sends `head` and `body` on a raw socket, then reads nothing until the tool is done; returns
 /// the growth of the resident set meanwhile (printed: other tests share the process, so it is
 /// a figure, not the assertion) and the socket.
-async fn stall(addr: std::net::SocketAddr, done: &Done, head: &str, body: &str) -> (u64, TcpStream) {
+async fn stall(
+    addr: std::net::SocketAddr,
+    done: &Done,
+    head: &str,
+    body: &str,
+) -> (u64, TcpStream) {
     done.0.store(false, Ordering::SeqCst);
     let before = rss();
     let mut socket = TcpStream::connect(addr).await.unwrap();
@@ -138,13 +142,22 @@ async fn progress_to_a_client_that_stops_reading_is_bounded() {
     let head = "POST /agent/execute HTTP/1.1\r\nhost: localhost\r\n\
                 content-type: application/json\r\naccept: text/event-stream\r\n";
     let (growth, mut socket) = stall(server.addr, &done, head, &body).await;
-    eprintln!("SSE: {EVENTS} progress events, resident set grew by {} KiB", growth / 1024);
+    eprintln!(
+        "SSE: {EVENTS} progress events, resident set grew by {} KiB",
+        growth / 1024
+    );
     let text = read_until(&mut socket, "event: execution.completed").await;
     let received = text.matches("event: tool.progress").count();
     eprintln!("SSE: {received} progress events delivered");
-    assert!(received < MOST_DELIVERED, "SSE: {received} events were kept for the client");
+    assert!(
+        received < MOST_DELIVERED,
+        "SSE: {received} events were kept for the client"
+    );
     let completed = text.rsplit("event: execution.completed").next().unwrap();
-    assert!(completed.contains("\"data\":{\"emitted\":1000000}"), "{completed}");
+    assert!(
+        completed.contains("\"data\":{\"emitted\":1000000}"),
+        "{completed}"
+    );
     // The last report is never coalesced away.
     let last_progress = text.rsplit("event: tool.progress").next().unwrap();
     assert!(
@@ -170,11 +183,17 @@ async fn progress_to_a_client_that_stops_reading_is_bounded() {
                 accept: application/json, text/event-stream\r\n\
                 mcp-protocol-version: 2026-07-28\r\nmcp-method: tools/call\r\nmcp-name: chatter\r\n";
     let (growth, mut socket) = stall(server.addr, &done, head, &body).await;
-    eprintln!("MCP: {EVENTS} progress events, resident set grew by {} KiB", growth / 1024);
+    eprintln!(
+        "MCP: {EVENTS} progress events, resident set grew by {} KiB",
+        growth / 1024
+    );
     let text = read_until(&mut socket, "\"structuredContent\"").await;
     let received = text.matches("notifications/progress").count();
     eprintln!("MCP: {received} progress notifications delivered");
-    assert!(received < MOST_DELIVERED, "MCP: {received} events were kept for the client");
+    assert!(
+        received < MOST_DELIVERED,
+        "MCP: {received} events were kept for the client"
+    );
     assert!(text.contains("\"structuredContent\":{\"emitted\":1000000}"));
 }
 
@@ -253,6 +272,9 @@ async fn error_bodies_never_echo_large_inputs() {
     );
     // Clipped, a long value still reads as what it was.
     let answer = execute(&router, &json!({ "tool": big })).await;
-    let shown = answer.json()["error"]["details"]["tool"].as_str().unwrap().to_owned();
+    let shown = answer.json()["error"]["details"]["tool"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(shown.starts_with("xxxx") && shown.ends_with('…'), "{shown}");
 }

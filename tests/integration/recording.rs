@@ -43,7 +43,8 @@ impl IdempotencyStore for Failing {
         if self.reserve_down {
             return Box::pin(async { Err(outage()) });
         }
-        self.inner.reserve(key, fingerprint, execution_id, lease, ttl)
+        self.inner
+            .reserve(key, fingerprint, execution_id, lease, ttl)
     }
 
     fn finish<'a>(
@@ -55,7 +56,9 @@ impl IdempotencyStore for Failing {
         self.finish_calls.fetch_add(1, Ordering::SeqCst);
         let failing = self
             .finish_failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1))
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
             .is_ok();
         if failing {
             return Box::pin(async { Err(outage()) });
@@ -104,7 +107,10 @@ async fn a_record_ttl_shorter_than_a_deadline_is_refused_at_start_up() {
         .idempotency_ttl(Duration::from_secs(2))
         .router()
         .unwrap_err();
-    assert!(matches!(error, carmy::Error::TtlShorterThanDeadline { .. }), "{error}");
+    assert!(
+        matches!(error, carmy::Error::TtlShorterThanDeadline { .. }),
+        "{error}"
+    );
     assert!(error.to_string().contains("tool `"), "{error}");
 
     // The application default counts for tools without their own timeout.

@@ -55,7 +55,12 @@ fn app(probe: &Probe) -> carmy::App {
 }
 
 fn error_of(answer: &Answer, status: StatusCode) -> Value {
-    assert_eq!(answer.status, status, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(
+        answer.status,
+        status,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
     answer.json()["error"].clone()
 }
 
@@ -71,7 +76,10 @@ async fn several_different_idempotency_keys_are_refused() {
     // A matching request_id does not pick one of them.
     let with_id = json!({ "tool": "echo", "arguments": { "text": "a" }, "request_id": "k-1" });
     let answer = send(&router, execute_request(&with_id, &keys)).await;
-    assert_eq!(error_of(&answer, StatusCode::BAD_REQUEST)["code"], "INVALID_REQUEST");
+    assert_eq!(
+        error_of(&answer, StatusCode::BAD_REQUEST)["code"],
+        "INVALID_REQUEST"
+    );
 
     // The same key twice is one key.
     let same = [("idempotency-key", "k-3"), ("idempotency-key", "k-3")];
@@ -91,7 +99,10 @@ async fn several_origins_are_refused() {
     ];
     let call = json!({ "tool": "echo", "arguments": { "text": "a" } });
     let answer = send(&router, execute_request(&call, &origins)).await;
-    assert_eq!(error_of(&answer, StatusCode::BAD_REQUEST)["code"], "INVALID_REQUEST");
+    assert_eq!(
+        error_of(&answer, StatusCode::BAD_REQUEST)["code"],
+        "INVALID_REQUEST"
+    );
 
     let mut list = Request::post("/mcp")
         .header("host", "localhost")
@@ -111,8 +122,8 @@ async fn several_origins_are_refused() {
     assert_eq!(answer.json()["error"]["data"]["code"], "INVALID_REQUEST");
 
     // A preflight with two origins is granted nothing.
-    let mut preflight = Request::options("/agent/execute")
-        .header("access-control-request-method", "POST");
+    let mut preflight =
+        Request::options("/agent/execute").header("access-control-request-method", "POST");
     for (name, value) in origins {
         preflight = preflight.header(name, value);
     }
@@ -163,7 +174,11 @@ async fn one_origin_list_serves_cors_and_the_mcp_origin_check() {
         // The preflight grants the MCP headers…
         let answer = send(
             &router,
-            preflight("/mcp", origin, &format!("content-type, {}", MCP_HEADERS.join(", "))),
+            preflight(
+                "/mcp",
+                origin,
+                &format!("content-type, {}", MCP_HEADERS.join(", ")),
+            ),
         )
         .await;
         assert_eq!(answer.header("access-control-allow-origin"), Some(origin));
@@ -176,7 +191,12 @@ async fn one_origin_list_serves_cors_and_the_mcp_origin_check() {
         }
         // …and the request it granted is served, exposing the session header.
         let answer = send(&router, mcp_list(origin)).await;
-        assert_eq!(answer.status, StatusCode::OK, "{origin}: {}", String::from_utf8_lossy(&answer.body));
+        assert_eq!(
+            answer.status,
+            StatusCode::OK,
+            "{origin}: {}",
+            String::from_utf8_lossy(&answer.body)
+        );
         assert_eq!(answer.header("access-control-allow-origin"), Some(origin));
         let exposed = answer
             .header("access-control-expose-headers")
@@ -188,7 +208,11 @@ async fn one_origin_list_serves_cors_and_the_mcp_origin_check() {
         assert_eq!(answer.header("access-control-allow-origin"), Some(origin));
     }
     // An origin in neither is granted nothing, and refused by MCP.
-    let answer = send(&router, preflight("/mcp", "https://evil.example", "content-type")).await;
+    let answer = send(
+        &router,
+        preflight("/mcp", "https://evil.example", "content-type"),
+    )
+    .await;
     assert_eq!(answer.header("access-control-allow-origin"), None);
     let answer = send(&router, mcp_list("https://evil.example")).await;
     assert_eq!(answer.status, StatusCode::FORBIDDEN);
@@ -197,12 +221,19 @@ async fn one_origin_list_serves_cors_and_the_mcp_origin_check() {
 #[tokio::test]
 async fn an_unknown_tool_suggests_the_nearest_visible_names() {
     let router = app(&Probe::default()).router().unwrap();
-    let answer = execute(&router, &json!({ "tool": "ecoh", "arguments": { "text": "a" } })).await;
+    let answer = execute(
+        &router,
+        &json!({ "tool": "ecoh", "arguments": { "text": "a" } }),
+    )
+    .await;
     let error = error_of(&answer, StatusCode::NOT_FOUND);
     assert_eq!(error["code"], "TOOL_NOT_FOUND");
     assert_eq!(error["details"]["suggestions"][0], "echo");
     assert!(
-        error["message"].as_str().unwrap().contains("did you mean `echo`"),
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("did you mean `echo`"),
         "{error}"
     );
 
@@ -219,7 +250,10 @@ async fn an_unknown_tool_suggests_the_nearest_visible_names() {
         .extensions_mut()
         .insert(Principal::new("ops", TrustLevel::Internal));
     let error = error_of(&send(&router, request).await, StatusCode::NOT_FOUND);
-    assert_eq!(error["details"]["suggestions"][0], "echo_internal", "{error}");
+    assert_eq!(
+        error["details"]["suggestions"][0], "echo_internal",
+        "{error}"
+    );
 
     // Nothing near: no suggestion.
     let answer = execute(&router, &json!({ "tool": "zzzzzz" })).await;

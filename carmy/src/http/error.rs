@@ -8,7 +8,6 @@ use serde::Serialize;
 use crate::tool_error::{Category, ToolError, retry_after_secs};
 use crate::wire::{BEARER_CHALLENGE, JSON, NO_STORE, codes};
 
-
 /// The status an error is answered with: the category's, except for codes HTTP has a more
 /// precise status for.
 pub(crate) fn status_of(error: &ToolError) -> StatusCode {

@@ -19,8 +19,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::error::status_for;
-use crate::principal::Principal;
 use crate::context::{Event, EventReceiver, event_channel};
+use crate::principal::Principal;
 use crate::runtime::{self, Call, Outcome, Runtime, clip, response};
 use crate::tool_error::{ToolError, retry_after_secs};
 use crate::wire::{CARMY_REPLAYED, IDEMPOTENCY_KEY, JSON, NO_STORE, codes};
@@ -108,7 +108,10 @@ async fn read_call(
     };
     let body: ExecuteBody = serde_json::from_slice(&bytes).map_err(|error| {
         // serde's messages quote what they refuse (an unknown field, a wrong value): clipped.
-        ToolError::invalid_request(format!("invalid request body: {}", clip(&error.to_string())))
+        ToolError::invalid_request(format!(
+            "invalid request body: {}",
+            clip(&error.to_string())
+        ))
     })?;
     let header_key = idempotency_key(headers)?;
     let request_id = match (body.request_id, header_key) {

@@ -16,8 +16,8 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 
 use super::tools::{self, LIST_TTL_MS};
-use crate::principal::{Principal, TrustLevel};
 use crate::context::{Event, EventReceiver, event_channel};
+use crate::principal::{Principal, TrustLevel};
 use crate::runtime::{self, Call, Outcome, Runtime};
 use crate::tool_error::ToolError;
 use crate::wire::codes;

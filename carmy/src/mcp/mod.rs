@@ -28,10 +28,10 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::principal::Principal;
 use crate::error::Error;
 use crate::http::MCP_PATH;
 use crate::http::error::{retry_after_header, status_of};
+use crate::principal::Principal;
 use crate::tool_error::ToolError;
 use crate::wire::{BEARER_CHALLENGE, JSON, NO_STORE, codes};
 
@@ -39,7 +39,6 @@ pub(crate) use handler::McpHandler;
 
 /// JSON-RPC's "Invalid Request", the code of transport-level refusals (origin, credentials).
 const INVALID_REQUEST: i32 = -32600;
-
 
 /// How MCP is served; set through the [`App`](crate::App) builder.
 #[derive(Debug, Clone, Default)]

@@ -100,7 +100,9 @@ impl Protection {
     async fn admit(&self, request: Request) -> Result<Request, ToolError> {
         check_version(request.headers())?;
         if request.headers().get_all(ORIGIN).iter().nth(1).is_some() {
-            return Err(ToolError::invalid_request("the request has more than one Origin"));
+            return Err(ToolError::invalid_request(
+                "the request has more than one Origin",
+            ));
         }
         let (mut parts, body) = request.into_parts();
         let principal = auth::principal_of(&parts, self.authenticator.as_deref()).await?;

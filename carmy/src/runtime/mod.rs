@@ -5,10 +5,10 @@
 //! panics → serialize → record → answer.
 
 mod fingerprint;
+mod repeated;
 pub(crate) mod response;
 mod status;
 mod validation;
-mod repeated;
 
 pub(crate) use validation::clip;
 
@@ -26,17 +26,17 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::catalog::Catalog;
-use crate::error::Error;
-use repeated::Repeated;
 use crate::context::{Context, Event, EventSender};
-use crate::principal::{Principal, TrustLevel};
+use crate::error::Error;
 use crate::idempotency::{
     Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoredResponse,
 };
+use crate::principal::{Principal, TrustLevel};
 use crate::state::StateMap;
 use crate::tool::{Confirmation, Invocation, ToolDescriptor};
 use crate::tool_error::{Category, ToolError};
 use crate::wire::codes;
+use repeated::Repeated;
 use response::NextAction;
 pub use status::ExecutionStatus;
 
@@ -777,11 +777,7 @@ fn answer_error(
     }
 }
 
-fn emit_started(
-    events: Option<&EventSender>,
-    execution_id: &Arc<str>,
-    tool: &str,
-) {
+fn emit_started(events: Option<&EventSender>, execution_id: &Arc<str>, tool: &str) {
     if let Some(events) = events {
         events.send(Event::Started {
             execution_id: execution_id.clone(),

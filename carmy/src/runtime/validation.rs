@@ -66,12 +66,9 @@ fn message(violation: &jsonschema::ValidationError<'_>, schema: &Value) -> Strin
     let instance = violation.instance().to_string();
     let shown = clip(&instance);
     let allowed = match violation.kind() {
-        ValidationErrorKind::Enum { options } => options.as_array().map(|options| {
-            options
-                .iter()
-                .map(Value::to_string)
-                .collect::<Vec<_>>()
-        }),
+        ValidationErrorKind::Enum { options } => options
+            .as_array()
+            .map(|options| options.iter().map(Value::to_string).collect::<Vec<_>>()),
         ValidationErrorKind::OneOfNotValid { .. } | ValidationErrorKind::AnyOf { .. } => schema
             .pointer(violation.schema_path().as_str())
             .and_then(Value::as_array)
@@ -98,7 +95,11 @@ fn branch_value(branch: &Value) -> Option<String> {
     if let Some(value) = branch.get("const") {
         return Some(value.to_string());
     }
-    if let Some([value]) = branch.get("enum").and_then(Value::as_array).map(Vec::as_slice) {
+    if let Some([value]) = branch
+        .get("enum")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+    {
         return Some(value.to_string());
     }
     let (tag, value) = branch
@@ -124,7 +125,10 @@ mod tests {
 
     #[test]
     fn branches_name_their_value() {
-        assert_eq!(branch_value(&json!({"const": "a"})), Some("\"a\"".to_owned()));
+        assert_eq!(
+            branch_value(&json!({"const": "a"})),
+            Some("\"a\"".to_owned())
+        );
         assert_eq!(branch_value(&json!({"enum": [1]})), Some("1".to_owned()));
         assert_eq!(
             branch_value(&json!({"type": "object", "properties": {"kind": {"const": "card"}}})),
