@@ -155,6 +155,13 @@ struct Prepared {
     deadline: Instant,
 }
 
+impl Prepared {
+    /// When the reservation's lease ends: the deadline and the margin to record the outcome.
+    fn lease_end(&self) -> Instant {
+        self.deadline + LEASE_MARGIN
+    }
+}
+
 /// A call refused before it could run, with what the suggestions need.
 struct Rejected {
     error: ToolError,
@@ -353,7 +360,7 @@ impl Runtime {
         }
         let Ok(_permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
             if let Some((key, _)) = &prepared.idempotency {
-                self.release(key).await;
+                self.release(key, prepared.lease_end()).await;
             }
             let error = ToolError::capacity(codes::OVERLOADED, "too many executions in flight")
                 .retryable(Duration::from_secs(1));
@@ -588,16 +595,16 @@ impl Runtime {
             return outcome;
         };
         match kept {
-            Kept::Nothing => self.release(key).await,
+            Kept::Nothing => self.release(key, prepared.lease_end()).await,
             Kept::Uncertain => {
                 let finish = Finish::Uncertain {
                     execution_id: prepared.execution_id.clone(),
                 };
-                self.keep(key, finish).await;
+                self.keep(key, finish, prepared.lease_end()).await;
             }
             Kept::Response => {
-                self.keep(key, Finish::Response(outcome.response.clone()))
-                    .await;
+                let finish = Finish::Response(outcome.response.clone());
+                self.keep(key, finish, prepared.lease_end()).await;
             }
         }
         outcome
@@ -639,17 +646,16 @@ impl Runtime {
     }
 
     /// Records how the execution that reserved `key` ended. A store that fails is tried again
-    /// with backoff before the call answers (within the lease margin, so the record is still
-    /// this execution's); the failure is logged once per call, and rate-limited across calls.
-    async fn keep(&self, key: &IdempotencyKey, finish: Finish) {
+    /// with backoff before the call answers, until `lease_end` (while the record is still this
+    /// execution's); the failure is logged once per call, and rate-limited across calls.
+    async fn keep(&self, key: &IdempotencyKey, finish: Finish, lease_end: Instant) {
         let ttl = self.settings.record_ttl;
         let attempt = || self.store.finish(key, finish.clone(), ttl);
-        if let Err(error) = with_backoff(attempt).await
+        if let Err(error) = with_backoff(attempt, lease_end).await
             && let Some(held_back) = self.logs.record.admit()
         {
             tracing::error!(
                 error = %error,
-                attempts = RECORD_BACKOFF.len() + 1,
                 "could not record the outcome; the record stays running until its lease ends, \
                  then a retry with this request_id gets EXECUTION_UNCERTAIN{}",
                 repeated::summary(held_back)
@@ -658,8 +664,8 @@ impl Runtime {
     }
 
     /// Frees `key` (nothing kept), tried again like [`Runtime::keep`].
-    async fn release(&self, key: &IdempotencyKey) {
-        if let Err(error) = with_backoff(|| self.store.release(key)).await
+    async fn release(&self, key: &IdempotencyKey, lease_end: Instant) {
+        if let Err(error) = with_backoff(|| self.store.release(key), lease_end).await
             && let Some(held_back) = self.logs.release.admit()
         {
             tracing::error!(
@@ -679,8 +685,10 @@ const RECORD_BACKOFF: [Duration; 3] = [
     Duration::from_millis(400),
 ];
 
-/// Runs `attempt` until it succeeds or [`RECORD_BACKOFF`] is spent; the last error otherwise.
-async fn with_backoff<F, Fut, E>(mut attempt: F) -> Result<(), E>
+/// Runs `attempt` until it succeeds, [`RECORD_BACKOFF`] is spent, or the next try would start
+/// after `until` (a slow store must not hold the answer past the lease); the last error
+/// otherwise.
+async fn with_backoff<F, Fut, E>(mut attempt: F, until: Instant) -> Result<(), E>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), E>>,
@@ -689,6 +697,7 @@ where
     for pause in RECORD_BACKOFF {
         match attempt().await {
             Ok(()) => return Ok(()),
+            Err(error) if Instant::now() + pause > until => return Err(error),
             Err(error) => {
                 tracing::debug!(error = %error, ?pause, "idempotency store failed; trying again");
                 tokio::time::sleep(pause).await;
