@@ -255,6 +255,32 @@ async fn an_unknown_tool_suggests_the_nearest_visible_names() {
         "{error}"
     );
 
+    // The same over MCP, in the JSON-RPC error's data.
+    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "ecoh",
+        "arguments": { "text": "a" },
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+        },
+    } });
+    let request = Request::post("/mcp")
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "ecoh")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let answer = send(&router, request).await;
+    let error = &answer.json()["error"];
+    assert!(
+        error["message"].as_str().unwrap().contains("did you mean `echo`"),
+        "{error}"
+    );
+    assert_eq!(error["data"]["details"]["suggestions"], json!(["echo"]), "{error}");
+
     // Nothing near: no suggestion.
     let answer = execute(&router, &json!({ "tool": "zzzzzz" })).await;
     let error = error_of(&answer, StatusCode::NOT_FOUND);
