@@ -276,10 +276,17 @@ async fn an_unknown_tool_suggests_the_nearest_visible_names() {
     let answer = send(&router, request).await;
     let error = &answer.json()["error"];
     assert!(
-        error["message"].as_str().unwrap().contains("did you mean `echo`"),
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("did you mean `echo`"),
         "{error}"
     );
-    assert_eq!(error["data"]["details"]["suggestions"], json!(["echo"]), "{error}");
+    assert_eq!(
+        error["data"]["details"]["suggestions"],
+        json!(["echo"]),
+        "{error}"
+    );
 
     // Nothing near: no suggestion.
     let answer = execute(&router, &json!({ "tool": "zzzzzz" })).await;

@@ -169,6 +169,12 @@ struct Rejected {
     arguments: Value,
 }
 
+/// What an execution ended with: a serialized output, or an error.
+enum Ended {
+    Output(bytes::Bytes),
+    Error(ToolError),
+}
+
 /// How running the tool ended.
 enum Ran {
     Output(crate::tool::Output),
@@ -527,27 +533,27 @@ impl Runtime {
     ) -> Outcome {
         let tool = prepared.tool;
         let safe_to_rerun = tool.idempotent || tool.effect.is_read_only();
-        let (status, error) = match ran {
+        let (status, ended) = match ran {
             Ran::Output(output) => {
                 let cacheable = tool.idempotent && tool.effect.is_read_only();
                 let body = response::completed(&prepared.execution_id, &output.0, cacheable);
-                (ExecutionStatus::Completed, Err(body))
+                (ExecutionStatus::Completed, Ended::Output(body))
             }
             Ran::Error(error) => {
                 if error.category() == Category::Internal {
                     tracing::error!(code = error.code(), source = ?error.source(), "tool failed");
                 }
-                (ExecutionStatus::Failed, Ok(error))
+                (ExecutionStatus::Failed, Ended::Error(error))
             }
             Ran::Panicked => (
                 ExecutionStatus::Failed,
-                Ok(ToolError::internal(codes::TOOL_PANIC, "the tool panicked")),
+                Ended::Error(ToolError::internal(codes::TOOL_PANIC, "the tool panicked")),
             ),
             Ran::Cancelled => {
                 let error = ToolError::cancelled(codes::CANCELLED, "the execution was cancelled");
                 (
                     ExecutionStatus::Cancelled,
-                    Ok(interrupted(error, safe_to_rerun)),
+                    Ended::Error(interrupted(error, safe_to_rerun)),
                 )
             }
             Ran::TimedOut => {
@@ -561,13 +567,12 @@ impl Runtime {
                         }));
                 (
                     ExecutionStatus::TimedOut,
-                    Ok(interrupted(error, safe_to_rerun)),
+                    Ended::Error(interrupted(error, safe_to_rerun)),
                 )
             }
         };
-        let (outcome, kept) = match error {
-            // A completed execution: `Err` carries its body.
-            Err(body) => {
+        let (outcome, kept) = match ended {
+            Ended::Output(body) => {
                 let outcome = Outcome {
                     response: StoredResponse {
                         execution_id: prepared.execution_id.clone(),
@@ -581,7 +586,7 @@ impl Runtime {
                 };
                 (outcome, kept(status, false, false, safe_to_rerun))
             }
-            Ok(error) => {
+            Ended::Error(error) => {
                 let kept = kept(
                     status,
                     error.is_rejected_before_running(),
