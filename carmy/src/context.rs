@@ -36,7 +36,7 @@ pub(crate) enum Event {
 /// How many events wait for a reader that is behind (a client that stopped reading). Past it,
 /// progress is coalesced: a report replaces the newest waiting one, since progress is a level
 /// and only the latest matters. The answer itself never waits here, so it is never lost.
-pub(crate) const EVENT_BUFFER: usize = 64;
+const EVENT_BUFFER: usize = 64;
 
 /// A bounded queue of one execution's events: the tool never waits for its reader, and a reader
 /// that stops reading costs at most [`EVENT_BUFFER`] events.

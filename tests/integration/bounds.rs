@@ -253,6 +253,7 @@ async fn error_bodies_never_echo_large_inputs() {
     ];
     for (what, body, code) in cases {
         let answer = execute(&router, &body).await;
+        eprintln!("{what}: an error body of {} bytes", answer.body.len());
         assert_eq!(answer.json()["error"]["code"], code, "{what}");
         assert!(
             answer.body.len() < MAX_BODY,
