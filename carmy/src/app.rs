@@ -182,8 +182,9 @@ impl App {
         self
     }
 
-    /// Allows browser requests (CORS) from `origin`, e.g. `https://app.example.com`. CORS is
-    /// off until an origin is allowed.
+    /// Allows browser requests (CORS) from `origin`, e.g. `https://app.example.com`, to carmy/1
+    /// and to `/mcp` (whose `Origin` check reads the same list). CORS is off until an origin is
+    /// allowed.
     pub fn cors_allowed_origin(mut self, origin: impl Into<String>) -> Self {
         self.protection.cors_origins.push(origin.into());
         self
@@ -210,12 +211,12 @@ impl App {
         self
     }
 
-    /// Allows MCP requests from a browser origin besides the loopback ones, e.g.
-    /// `https://app.example.com`. Any other `Origin` is refused with `403`.
+    /// The same as [`App::cors_allowed_origin`]: one list of origins serves carmy/1's CORS
+    /// and MCP's `Origin` check (loopback origins are always allowed to MCP). Any other
+    /// `Origin` is refused with `403`.
     #[cfg(feature = "mcp")]
-    pub fn mcp_allowed_origin(mut self, origin: impl Into<String>) -> Self {
-        self.mcp.allowed_origins.push(origin.into());
-        self
+    pub fn mcp_allowed_origin(self, origin: impl Into<String>) -> Self {
+        self.cors_allowed_origin(origin)
     }
 
     /// The caller of MCP requests over stdio, where no request head exists to authenticate
@@ -310,7 +311,7 @@ impl App {
         let router = router.merge(protection.guard(
             mcp::router(
                 McpHandler::new(&name, Arc::clone(&runtime), mcp.stdio_principal.clone()),
-                &mcp,
+                &protection.cors_origins,
                 http.keep_alive,
                 runtime.shutdown_token(),
             ),
@@ -333,7 +334,7 @@ impl App {
             self.states,
             store,
             self.settings,
-        ));
+        )?);
         Ok((name, runtime))
     }
 }

@@ -5,8 +5,8 @@ use std::collections::hash_map::Entry;
 
 use serde_json::Value;
 
-use crate::context::TrustLevel;
 use crate::error::Error;
+use crate::principal::TrustLevel;
 use crate::schema;
 use crate::state::StateMap;
 use crate::tool::ToolDescriptor;
@@ -101,6 +101,31 @@ impl Catalog {
             .filter(|tool| tool.descriptor.access <= trust)
     }
 }
+
+impl Catalog {
+    /// The names, among the tools a caller trusted at `trust` may see, nearest to `name` (a
+    /// mistyped tool name), best first; at most three.
+    pub(crate) fn nearest(&self, name: &str, trust: TrustLevel) -> Vec<&'static str> {
+        /// Below this similarity (Jaro-Winkler, 0 to 1) a name is no suggestion.
+        const THRESHOLD: f64 = 0.8;
+        // Comparing costs the product of the lengths: a name far longer than any tool's is no
+        // typo of one.
+        if name.len() > 4 * MAX_SUGGESTED_NAME {
+            return Vec::new();
+        }
+        let mut scored: Vec<(f64, &'static str)> = self
+            .visible_to(trust)
+            .map(|tool| tool.descriptor.name)
+            .map(|candidate| (strsim::jaro_winkler(name, candidate), candidate))
+            .filter(|&(score, _)| score >= THRESHOLD)
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
+        scored.into_iter().take(3).map(|(_, name)| name).collect()
+    }
+}
+
+/// Tool names are short; the nearest-name search ignores names over four times this.
+const MAX_SUGGESTED_NAME: usize = 64;
 
 impl CatalogTool {
     fn build(descriptor: &'static ToolDescriptor, states: &StateMap) -> Result<Self, Error> {

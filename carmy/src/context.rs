@@ -1,123 +1,14 @@
 //! What a tool knows about the call it serves.
 
+use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::Event;
-
-/// How far a caller is trusted. Ordered: `Anonymous < Known < Partner < Internal`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub enum TrustLevel {
-    /// Nobody vouched for the caller.
-    #[default]
-    Anonymous,
-    /// The caller presented valid credentials.
-    Known,
-    /// A caller from a partner organisation.
-    Partner,
-    /// A caller from inside the organisation.
-    Internal,
-}
-
-impl TrustLevel {
-    /// Every level, lowest first.
-    pub const ALL: [TrustLevel; 4] = [
-        TrustLevel::Anonymous,
-        TrustLevel::Known,
-        TrustLevel::Partner,
-        TrustLevel::Internal,
-    ];
-
-    /// The level's position in [`TrustLevel::ALL`].
-    pub(crate) const fn index(self) -> usize {
-        self as usize
-    }
-
-    /// The level called `name` (`anonymous`, `known`, `partner` or `internal`).
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|level| level.as_str() == name)
-    }
-
-    /// The wire and configuration name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            TrustLevel::Anonymous => "anonymous",
-            TrustLevel::Known => "known",
-            TrustLevel::Partner => "partner",
-            TrustLevel::Internal => "internal",
-        }
-    }
-}
-
-/// Who is calling, as decided on the server side (authentication middleware or an
-/// authenticator), never by the request body.
-///
-/// Host middleware attaches one with `request.extensions_mut().insert(principal)`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
-    id: Arc<str>,
-    trust: TrustLevel,
-    permissions: Arc<[Arc<str>]>,
-}
-
-impl Principal {
-    /// The caller nobody vouched for.
-    pub fn anonymous() -> Self {
-        // Most calls are anonymous: share one value instead of allocating per request.
-        static ANONYMOUS: LazyLock<Principal> = LazyLock::new(|| Principal {
-            id: Arc::from("anonymous"),
-            trust: TrustLevel::Anonymous,
-            permissions: Arc::from([]),
-        });
-        ANONYMOUS.clone()
-    }
-
-    /// A caller identified by `id` (a user or API-key id), trusted at `trust`.
-    pub fn new(id: impl Into<Arc<str>>, trust: TrustLevel) -> Self {
-        Principal {
-            id: id.into(),
-            trust,
-            permissions: Arc::from([]),
-        }
-    }
-
-    /// Grants a permission, such as `confirm:cancel_order`.
-    #[must_use]
-    pub fn with_permission(mut self, permission: impl Into<Arc<str>>) -> Self {
-        let mut permissions = self.permissions.to_vec();
-        permissions.push(permission.into());
-        self.permissions = permissions.into();
-        self
-    }
-
-    /// The caller's id; idempotency records are kept per id.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// The caller's id, shared (no copy), for keys kept per caller.
-    pub(crate) fn shared_id(&self) -> Arc<str> {
-        Arc::clone(&self.id)
-    }
-
-    /// The caller's trust level.
-    pub fn trust(&self) -> TrustLevel {
-        self.trust
-    }
-
-    /// Whether the caller holds `permission`.
-    pub fn has_permission(&self, permission: &str) -> bool {
-        self.permissions.iter().any(|held| &**held == permission)
-    }
-}
-
-impl Default for Principal {
-    fn default() -> Self {
-        Self::anonymous()
-    }
-}
+pub(crate) use crate::principal::{Principal, TrustLevel};
 
 /// A progress report from a tool, streamed to clients that asked for events.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,6 +19,118 @@ pub(crate) struct Progress {
     pub(crate) total: Option<u64>,
     /// What the tool is doing.
     pub(crate) message: Option<String>,
+}
+
+/// What an execution tells a transport that streams.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// The answer will carry this execution id.
+    Started {
+        execution_id: Arc<str>,
+        tool: String,
+    },
+    /// The tool reported progress.
+    Progress(Progress),
+}
+
+/// How many events wait for a reader that is behind (a client that stopped reading). Past it,
+/// progress is coalesced: a report replaces the newest waiting one, since progress is a level
+/// and only the latest matters. The answer itself never waits here, so it is never lost.
+const EVENT_BUFFER: usize = 64;
+
+/// A bounded queue of one execution's events: the tool never waits for its reader, and a reader
+/// that stops reading costs at most [`EVENT_BUFFER`] events.
+pub(crate) fn event_channel() -> (EventSender, EventReceiver) {
+    let shared = Arc::new(EventQueue {
+        events: Mutex::new(VecDeque::new()),
+        ready: Notify::new(),
+        reader_gone: AtomicBool::new(false),
+    });
+    (
+        EventSender {
+            shared: Arc::clone(&shared),
+        },
+        EventReceiver { shared },
+    )
+}
+
+struct EventQueue {
+    events: Mutex<VecDeque<Event>>,
+    ready: Notify,
+    /// Set when the receiver is dropped: events are discarded from then on.
+    reader_gone: AtomicBool,
+}
+
+impl EventQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Event>> {
+        // Only pushes and pops happen under the lock: a poisoned queue is still consistent.
+        self.events.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The execution's end of an [`event_channel`].
+#[derive(Clone)]
+pub(crate) struct EventSender {
+    shared: Arc<EventQueue>,
+}
+
+impl fmt::Debug for EventSender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventSender").finish_non_exhaustive()
+    }
+}
+
+impl EventSender {
+    /// Queues `event` without waiting; coalesces progress once [`EVENT_BUFFER`] events wait.
+    pub(crate) fn send(&self, event: Event) {
+        if self.shared.reader_gone.load(Ordering::Acquire) {
+            return;
+        }
+        let mut events = self.shared.lock();
+        if events.len() >= EVENT_BUFFER
+            && let Event::Progress(progress) = event
+        {
+            match events.back_mut() {
+                Some(Event::Progress(newest)) => *newest = progress,
+                _ => events.push_back(Event::Progress(progress)),
+            }
+        } else {
+            events.push_back(event);
+        }
+        drop(events);
+        self.shared.ready.notify_one();
+    }
+}
+
+/// The transport's end of an [`event_channel`].
+pub(crate) struct EventReceiver {
+    shared: Arc<EventQueue>,
+}
+
+impl EventReceiver {
+    /// The next event, waiting for one.
+    pub(crate) async fn recv(&mut self) -> Event {
+        loop {
+            if let Some(event) = self.try_recv() {
+                return event;
+            }
+            // `notify_one` keeps a permit when nobody waits: no event slips between the check
+            // and the wait.
+            self.shared.ready.notified().await;
+        }
+    }
+
+    /// The next event, if one is waiting.
+    pub(crate) fn try_recv(&mut self) -> Option<Event> {
+        self.shared.lock().pop_front()
+    }
+}
+
+impl Drop for EventReceiver {
+    fn drop(&mut self) {
+        self.shared.reader_gone.store(true, Ordering::Release);
+        self.shared.lock().clear();
+    }
 }
 
 /// What a tool knows about the call it serves: ids, the caller, cancellation, and a way to
@@ -142,7 +145,7 @@ struct ContextInner {
     request_id: Option<String>,
     principal: Principal,
     cancellation: CancellationToken,
-    events: Option<tokio::sync::mpsc::UnboundedSender<Event>>,
+    events: Option<EventSender>,
 }
 
 impl Context {
@@ -151,7 +154,7 @@ impl Context {
         request_id: Option<String>,
         principal: Principal,
         cancellation: CancellationToken,
-        events: Option<tokio::sync::mpsc::UnboundedSender<Event>>,
+        events: Option<EventSender>,
     ) -> Self {
         Context {
             inner: Arc::new(ContextInner {
@@ -198,8 +201,7 @@ impl Context {
         message: impl Into<Option<String>>,
     ) {
         if let Some(events) = &self.inner.events {
-            // The receiver is gone only once the client is; nothing to report then.
-            let _ = events.send(Event::Progress(Progress {
+            events.send(Event::Progress(Progress {
                 progress: done,
                 total: total.into(),
                 message: message.into(),

@@ -48,6 +48,21 @@ pub enum Error {
         /// The validator's complaint.
         reason: String,
     },
+    /// The idempotency record ttl is shorter than a tool's deadline (and the margin to record
+    /// its outcome): the record could expire while the tool runs, and a retry run it twice.
+    #[error(
+        "tool `{tool}` ({location}) may run for {lease:?} (its deadline and a margin to record the outcome), longer than the idempotency record ttl of {ttl:?}: raise `idempotency_ttl` or lower the tool's `timeout`"
+    )]
+    TtlShorterThanDeadline {
+        /// The tool.
+        tool: String,
+        /// Where it is defined.
+        location: String,
+        /// The configured record ttl.
+        ttl: std::time::Duration,
+        /// The tool's deadline and the margin.
+        lease: std::time::Duration,
+    },
     /// The app's name is empty.
     #[error("the app's name must not be empty")]
     EmptyName,

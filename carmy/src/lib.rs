@@ -10,6 +10,7 @@ mod http;
 pub mod idempotency;
 #[cfg(feature = "mcp")]
 mod mcp;
+mod principal;
 pub mod protection;
 mod runtime;
 mod schema;
@@ -17,13 +18,15 @@ mod state;
 pub mod testing;
 mod tool;
 mod tool_error;
+mod wire;
 
 pub use app::{App, app};
 pub use carmy_macros::{JsonSchema, tool};
 pub use config::Config;
-pub use context::{Context, Principal, TrustLevel};
+pub use context::Context;
 pub use error::Error;
-pub use idempotency::ExecutionStatus;
+pub use principal::{Principal, TrustLevel};
+pub use runtime::ExecutionStatus;
 pub use schema_trait::*;
 pub use state::State;
 pub use tool::{Confirmation, Effect, ToolDescriptor};
@@ -40,7 +43,8 @@ pub mod __private {
     pub use inventory;
     pub use schemars;
 
-    pub use crate::context::{Context, TrustLevel};
+    pub use crate::context::Context;
+    pub use crate::principal::TrustLevel;
     pub use crate::schema::{input_schema, no_input_schema, output_schema};
     pub use crate::state::State;
     pub use crate::tool::{

@@ -62,33 +62,7 @@ impl Category {
     }
 }
 
-/// Codes the runtime itself produces. Tools choose their own codes.
-pub(crate) mod codes {
-    pub(crate) const INVALID_REQUEST: &str = "INVALID_REQUEST";
-    pub(crate) const PAYLOAD_TOO_LARGE: &str = "PAYLOAD_TOO_LARGE";
-    pub(crate) const ROUTE_NOT_FOUND: &str = "ROUTE_NOT_FOUND";
-    pub(crate) const METHOD_NOT_ALLOWED: &str = "METHOD_NOT_ALLOWED";
-    pub(crate) const INTERNAL: &str = "INTERNAL";
-    pub(crate) const TOOL_NOT_FOUND: &str = "TOOL_NOT_FOUND";
-    pub(crate) const INVALID_ARGUMENTS: &str = "INVALID_ARGUMENTS";
-    pub(crate) const INVALID_OUTPUT: &str = "INVALID_OUTPUT";
-    pub(crate) const CONFIRMATION_REQUIRED: &str = "CONFIRMATION_REQUIRED";
-    pub(crate) const IDEMPOTENCY_CONFLICT: &str = "IDEMPOTENCY_CONFLICT";
-    pub(crate) const EXECUTION_UNCERTAIN: &str = "EXECUTION_UNCERTAIN";
-    pub(crate) const IDEMPOTENCY_CAPACITY: &str = "IDEMPOTENCY_CAPACITY";
-    pub(crate) const IDEMPOTENCY_UNAVAILABLE: &str = "IDEMPOTENCY_UNAVAILABLE";
-    pub(crate) const TIMEOUT: &str = "TIMEOUT";
-    pub(crate) const CANCELLED: &str = "CANCELLED";
-    pub(crate) const TOOL_PANIC: &str = "TOOL_PANIC";
-    pub(crate) const OVERLOADED: &str = "OVERLOADED";
-    pub(crate) const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
-    pub(crate) const RATE_LIMITED: &str = "RATE_LIMITED";
-    pub(crate) const UNSUPPORTED_VERSION: &str = "UNSUPPORTED_VERSION";
-    #[cfg(feature = "redis")]
-    pub(crate) const RATE_LIMITER_UNAVAILABLE: &str = "RATE_LIMITER_UNAVAILABLE";
-    #[cfg(feature = "mcp")]
-    pub(crate) const ORIGIN_NOT_ALLOWED: &str = "ORIGIN_NOT_ALLOWED";
-}
+pub(crate) use crate::wire::codes;
 
 /// An error a tool returns, or the runtime produces, as agents see it.
 ///

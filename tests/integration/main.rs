@@ -2,6 +2,7 @@
 //! (`tower::ServiceExt::oneshot`) and over real loopback sockets. One binary, a module per topic.
 
 mod auth;
+mod bounds;
 mod builder;
 mod catalog;
 mod disconnect;
@@ -12,7 +13,9 @@ mod idempotency;
 mod mcp;
 mod mcp_clients;
 mod protection;
+mod recording;
 mod replicas;
+mod requests;
 mod routes;
 mod schemas;
 mod shutdown;

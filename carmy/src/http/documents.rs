@@ -15,8 +15,9 @@ use sha2::{Digest, Sha256};
 
 use crate::auth::hex;
 use crate::catalog::Catalog;
-use crate::context::{Principal, TrustLevel};
+use crate::principal::{Principal, TrustLevel};
 use crate::tool::{Confirmation, Effect};
+use crate::wire::JSON;
 
 pub(crate) const DISCOVERY_PATH: &str = "/.well-known/agent";
 pub(crate) const CATALOG_PATH: &str = "/agent/tools";
@@ -28,7 +29,6 @@ const CAPABILITIES_WITH_MCP: &[&str] = &["tools", "streaming", "idempotency", "m
 pub(crate) const MCP_PATH: &str = "/mcp";
 
 static CACHE_CONTROL_VALUE: HeaderValue = HeaderValue::from_static("private, max-age=60");
-static JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 /// The two discovery documents of every trust level, serialized: each level sees only the
 /// tools it may call, with its own ETag and `tools_version`.

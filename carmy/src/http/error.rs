@@ -5,11 +5,8 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::tool_error::{Category, ToolError, codes, retry_after_secs};
-
-static JSON: HeaderValue = HeaderValue::from_static("application/json");
-static NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
-static CHALLENGE: HeaderValue = HeaderValue::from_static("Bearer realm=\"carmy\"");
+use crate::tool_error::{Category, ToolError, retry_after_secs};
+use crate::wire::{BEARER_CHALLENGE, JSON, NO_STORE, codes};
 
 /// The status an error is answered with: the category's, except for codes HTTP has a more
 /// precise status for.
@@ -67,7 +64,7 @@ impl IntoResponse for ToolError {
             headers.insert(RETRY_AFTER, retry_after);
         }
         if self.code() == codes::UNAUTHENTICATED {
-            headers.insert(WWW_AUTHENTICATE, CHALLENGE.clone());
+            headers.insert(WWW_AUTHENTICATE, BEARER_CHALLENGE.clone());
         }
         if let Some(source) = self.source() {
             tracing::warn!(code = self.code(), error = %source, "request rejected");

@@ -8,29 +8,27 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::{ACCEPT, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::error::status_for;
-use crate::context::Principal;
-use crate::runtime::{self, Call, Event, Outcome, Runtime, response};
-use crate::tool_error::{ToolError, codes, retry_after_secs};
+use crate::context::{Event, EventReceiver, event_channel};
+use crate::principal::Principal;
+use crate::runtime::{self, Call, Outcome, Runtime, clip, response};
+use crate::tool_error::{ToolError, retry_after_secs};
+use crate::wire::{CARMY_REPLAYED, IDEMPOTENCY_KEY, JSON, NO_STORE, codes};
 
 /// The largest request body accepted.
 pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
 
-static JSON: HeaderValue = HeaderValue::from_static("application/json");
-static NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
 static TRUE: HeaderValue = HeaderValue::from_static("true");
-static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-static CARMY_REPLAYED: HeaderName = HeaderName::from_static("carmy-replayed");
 
 /// What the execute endpoint needs besides the runtime.
 #[derive(Clone)]
@@ -108,14 +106,14 @@ async fn read_call(
             )));
         }
     };
-    let body: ExecuteBody = serde_json::from_slice(&bytes)
-        .map_err(|error| ToolError::invalid_request(format!("invalid request body: {error}")))?;
-    let header_key = match headers.get(&IDEMPOTENCY_KEY) {
-        None => None,
-        Some(value) => Some(value.to_str().map(str::to_owned).map_err(|_| {
-            ToolError::invalid_request("the Idempotency-Key header must be printable ASCII")
-        })?),
-    };
+    let body: ExecuteBody = serde_json::from_slice(&bytes).map_err(|error| {
+        // serde's messages quote what they refuse (an unknown field, a wrong value): clipped.
+        ToolError::invalid_request(format!(
+            "invalid request body: {}",
+            clip(&error.to_string())
+        ))
+    })?;
+    let header_key = idempotency_key(headers)?;
     let request_id = match (body.request_id, header_key) {
         (Some(body_id), Some(header_id)) if body_id != header_id => {
             return Err(ToolError::invalid_request(
@@ -133,6 +131,25 @@ async fn read_call(
         request_id,
         principal,
     })
+}
+
+/// The `Idempotency-Key` header: several that differ are refused, never "first wins".
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ToolError> {
+    let mut key: Option<&str> = None;
+    for value in headers.get_all(&IDEMPOTENCY_KEY) {
+        let value = value.to_str().map_err(|_| {
+            ToolError::invalid_request("the Idempotency-Key header must be printable ASCII")
+        })?;
+        match key {
+            Some(seen) if seen != value => {
+                return Err(ToolError::invalid_request(
+                    "the request has several different Idempotency-Key headers",
+                ));
+            }
+            _ => key = Some(value),
+        }
+    }
+    Ok(key.map(str::to_owned))
 }
 
 fn payload_too_large() -> ToolError {
@@ -186,7 +203,7 @@ fn stream(
     cancel: CancellationToken,
     guard: DropGuard,
 ) -> Response {
-    let (events, event_receiver) = mpsc::unbounded_channel();
+    let (events, event_receiver) = event_channel();
     let (done, outcome) = oneshot::channel();
     let runtime = state.runtime;
     tokio::spawn(async move {
@@ -221,7 +238,7 @@ struct ProgressData<'a> {
 }
 
 struct EventStream {
-    events: mpsc::UnboundedReceiver<Event>,
+    events: EventReceiver,
     outcome: oneshot::Receiver<Outcome>,
     next_id: u64,
     /// Known once `execution.started` was sent.
@@ -237,7 +254,7 @@ impl EventStream {
             state.guard.as_ref()?;
             let event = tokio::select! {
                 biased;
-                Some(event) = state.events.recv() => state.runtime_event(event),
+                event = state.events.recv() => state.runtime_event(event),
                 outcome = &mut state.outcome => {
                     let outcome = outcome.ok()?;
                     state.completed(&outcome)

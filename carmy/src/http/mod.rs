@@ -12,7 +12,8 @@ use axum::Router;
 use axum::routing::{get, post};
 
 use crate::runtime::Runtime;
-use crate::tool_error::{ToolError, codes};
+use crate::tool_error::ToolError;
+use crate::wire::codes;
 
 pub(crate) use documents::Documents;
 #[cfg(feature = "mcp")]

@@ -35,6 +35,7 @@ pub use postgres::PostgresStore;
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 
+pub use crate::runtime::ExecutionStatus;
 use crate::tool_error::Category;
 
 /// Who asked and with which `request_id`: records are kept per caller.
@@ -78,43 +79,6 @@ pub struct Fingerprint {
     pub tool: Arc<str>,
     /// SHA-256 of the tool name and the canonical arguments.
     pub digest: [u8; 32],
-}
-
-/// How an execution ended, as far as the transport needs to answer it again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ExecutionStatus {
-    /// The tool returned its output.
-    Completed,
-    /// The call failed (before or while running).
-    Failed,
-    /// The execution was cancelled.
-    Cancelled,
-    /// The execution ran past its deadline.
-    TimedOut,
-}
-
-impl ExecutionStatus {
-    /// The wire name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ExecutionStatus::Completed => "completed",
-            ExecutionStatus::Failed => "failed",
-            ExecutionStatus::Cancelled => "cancelled",
-            ExecutionStatus::TimedOut => "timed_out",
-        }
-    }
-
-    /// The status whose wire name is `name` (how stores read back what they wrote).
-    pub fn from_wire(name: &str) -> Option<Self> {
-        [
-            ExecutionStatus::Completed,
-            ExecutionStatus::Failed,
-            ExecutionStatus::Cancelled,
-            ExecutionStatus::TimedOut,
-        ]
-        .into_iter()
-        .find(|status| status.as_str() == name)
-    }
 }
 
 /// A finished execution's answer, kept so a retry gets it byte for byte.

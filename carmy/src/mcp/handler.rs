@@ -14,12 +14,13 @@ use rmcp::model::{
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
-use tokio::sync::mpsc;
 
 use super::tools::{self, LIST_TTL_MS};
-use crate::context::{Principal, TrustLevel};
-use crate::runtime::{self, Call, Event, Outcome, Runtime};
-use crate::tool_error::{ToolError, codes};
+use crate::context::{Event, EventReceiver, event_channel};
+use crate::principal::{Principal, TrustLevel};
+use crate::runtime::{self, Call, Outcome, Runtime};
+use crate::tool_error::ToolError;
+use crate::wire::codes;
 
 /// The `_meta` key of a `tools/call` that carries the idempotency key, as `request_id` does
 /// over HTTP.
@@ -136,7 +137,7 @@ impl ServerHandler for McpHandler {
         let outcome = match context.meta.get_progress_token() {
             None => self.shared.runtime.execute(call, cancel, None).await,
             Some(token) => {
-                let (events, receiver) = mpsc::unbounded_channel();
+                let (events, receiver) = event_channel();
                 let execution = self.shared.runtime.execute(call, cancel, Some(events));
                 forward_progress(execution, receiver, &context.peer, token).await
             }
@@ -148,7 +149,7 @@ impl ServerHandler for McpHandler {
 /// Runs `execution`, sending its progress as `notifications/progress` before the answer.
 async fn forward_progress(
     execution: impl Future<Output = Outcome>,
-    mut receiver: mpsc::UnboundedReceiver<Event>,
+    mut receiver: EventReceiver,
     peer: &Peer<RoleServer>,
     token: ProgressToken,
 ) -> Outcome {
@@ -166,15 +167,34 @@ async fn forward_progress(
     loop {
         tokio::select! {
             biased;
-            Some(event) = receiver.recv() => send(event).await,
-            outcome = &mut execution => {
-                while let Ok(event) = receiver.try_recv() {
-                    send(event).await;
+            outcome = &mut execution => return drain(outcome, &mut receiver, send).await,
+            event = receiver.recv() => {
+                // The execution keeps running while a slow client takes the notification:
+                // the queue, not the client, bounds what waits.
+                let mut sending = std::pin::pin!(send(event));
+                tokio::select! {
+                    biased;
+                    () = &mut sending => {}
+                    outcome = &mut execution => {
+                        sending.await;
+                        return drain(outcome, &mut receiver, send).await;
+                    }
                 }
-                return outcome;
             }
         }
     }
+}
+
+/// Sends the progress still queued, then gives back `outcome`: the answer comes last.
+async fn drain<F: Future<Output = ()>>(
+    outcome: Outcome,
+    receiver: &mut EventReceiver,
+    send: impl Fn(Event) -> F,
+) -> Outcome {
+    while let Some(event) = receiver.try_recv() {
+        send(event).await;
+    }
+    outcome
 }
 
 /// The idempotency key from the call's `_meta`, checked like HTTP's `request_id`.

@@ -28,35 +28,31 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::Principal;
 use crate::error::Error;
 use crate::http::MCP_PATH;
 use crate::http::error::{retry_after_header, status_of};
-use crate::tool_error::{ToolError, codes};
+use crate::principal::Principal;
+use crate::tool_error::ToolError;
+use crate::wire::{BEARER_CHALLENGE, JSON, NO_STORE, codes};
 
 pub(crate) use handler::McpHandler;
 
 /// JSON-RPC's "Invalid Request", the code of transport-level refusals (origin, credentials).
 const INVALID_REQUEST: i32 = -32600;
 
-static JSON: HeaderValue = HeaderValue::from_static("application/json");
-static NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
-static CHALLENGE: HeaderValue = HeaderValue::from_static("Bearer realm=\"carmy\"");
-
 /// How MCP is served; set through the [`App`](crate::App) builder.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct McpSettings {
-    /// Browser origins allowed besides the loopback ones, e.g. `https://app.example.com`.
-    pub(crate) allowed_origins: Vec<String>,
     /// The caller over stdio, where there is no request to authenticate.
     pub(crate) stdio_principal: Principal,
 }
 
-/// `/mcp`, behind the gate. `shutdown` ends every session and stream (the end of a graceful
+/// `/mcp`, behind the gate. `allowed_origins`: the browser origins allowed besides the
+/// loopback ones, the same list as carmy/1's CORS. `shutdown` ends every session and stream (the end of a graceful
 /// shutdown: an open session stream would otherwise keep the server up forever).
 pub(crate) fn router(
     handler: McpHandler,
-    settings: &McpSettings,
+    allowed_origins: &[String],
     keep_alive: Duration,
     shutdown: CancellationToken,
 ) -> Router {
@@ -74,7 +70,7 @@ pub(crate) fn router(
         config,
     );
     let gate = Arc::new(Gate {
-        allowed_origins: settings.allowed_origins.clone(),
+        allowed_origins: allowed_origins.to_vec(),
     });
     Router::new()
         .route_service(MCP_PATH, service)
@@ -160,7 +156,7 @@ pub(crate) fn refusal(error: &ToolError) -> Response {
     headers.insert(CONTENT_TYPE, JSON.clone());
     headers.insert(CACHE_CONTROL, NO_STORE.clone());
     if error.code() == codes::UNAUTHENTICATED {
-        headers.insert(WWW_AUTHENTICATE, CHALLENGE.clone());
+        headers.insert(WWW_AUTHENTICATE, BEARER_CHALLENGE.clone());
     }
     if let Some(retry_after) = retry_after_header(error) {
         headers.insert(RETRY_AFTER, retry_after);

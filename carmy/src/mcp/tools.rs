@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use crate::catalog::{Catalog, CatalogTool};
-use crate::context::TrustLevel;
+use crate::principal::TrustLevel;
 use crate::schema;
 use crate::tool::Effect;
 

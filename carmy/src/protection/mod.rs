@@ -11,25 +11,28 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
+use axum::http::header::ORIGIN;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use serde_json::json;
 
 use crate::auth::{self, Authenticator};
-use crate::context::{Principal, TrustLevel};
-use crate::tool_error::{ToolError, codes};
+use crate::principal::{Principal, TrustLevel};
+use crate::tool_error::ToolError;
+use crate::wire::{
+    CARMY_REPLAYED, CARMY_VERSION, IDEMPOTENCY_KEY, LAST_EVENT_ID, MCP_METHOD, MCP_NAME,
+    MCP_PROTOCOL_VERSION, MCP_SESSION_ID, X_FORWARDED_FOR, codes,
+};
 
 pub use rate_limit::{Decision, MemoryRateLimiter, RateLimit, RateLimiter};
 #[cfg(feature = "redis")]
 pub use redis::RedisRateLimiter;
 
-static CARMY_VERSION: HeaderName = HeaderName::from_static("carmy-version");
 /// The protocol version every response announces.
 static SERVED_VERSION: HeaderValue = HeaderValue::from_static("1.0");
 /// The major versions a client may ask for.
 const SUPPORTED_MAJORS: &[u64] = &[1];
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// The headers of `security_headers`: no sniffing, no framing, no referrer, no active content.
 const SECURITY_HEADERS: &[(&str, &str)] = &[
@@ -55,7 +58,8 @@ pub(crate) struct Protection {
     /// Key anonymous callers by the last `X-Forwarded-For` address (set by a trusted proxy)
     /// instead of the peer address.
     pub(crate) trust_forwarded_for: bool,
-    /// Browser origins allowed by CORS; empty turns CORS off.
+    /// Browser origins allowed, one list for carmy/1's CORS and MCP's `Origin` check, so a
+    /// preflight never grants what the request is then refused; empty turns CORS off.
     pub(crate) cors_origins: Vec<String>,
     pub(crate) security_headers: bool,
 }
@@ -95,6 +99,11 @@ impl Protection {
     /// routes.
     async fn admit(&self, request: Request) -> Result<Request, ToolError> {
         check_version(request.headers())?;
+        if request.headers().get_all(ORIGIN).iter().nth(1).is_some() {
+            return Err(ToolError::invalid_request(
+                "the request has more than one Origin",
+            ));
+        }
         let (mut parts, body) = request.into_parts();
         let principal = auth::principal_of(&parts, self.authenticator.as_deref()).await?;
         if let Some(limit) = self.limits[principal.trust().index()] {
@@ -199,6 +208,8 @@ fn last_forwarded_for(headers: &HeaderMap) -> Option<IpAddr> {
     value.to_str().ok()?.rsplit(',').next()?.trim().parse().ok()
 }
 
+/// CORS for carmy/1 and `/mcp`. A request with several `Origin`s (which the gate refuses) is
+/// granted nothing.
 fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     use tower_http::cors::{AllowOrigin, CorsLayer};
     if origins.is_empty() {
@@ -208,23 +219,36 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
         .iter()
         .filter_map(|origin| HeaderValue::from_str(origin).ok())
         .collect();
+    let allowed = move |origin: &HeaderValue, request: &axum::http::request::Parts| {
+        request.headers.get_all(ORIGIN).iter().count() == 1
+            && origins
+                .iter()
+                .any(|allowed| allowed.as_bytes().eq_ignore_ascii_case(origin.as_bytes()))
+    };
     Some(
         CorsLayer::new()
-            .allow_origin(AllowOrigin::list(origins))
-            .allow_methods([Method::GET, Method::POST])
+            .allow_origin(AllowOrigin::predicate(allowed))
+            // DELETE ends an MCP session.
+            .allow_methods([Method::GET, Method::POST, Method::DELETE])
             .allow_headers([
                 axum::http::header::AUTHORIZATION,
                 axum::http::header::CONTENT_TYPE,
                 axum::http::header::ACCEPT,
                 axum::http::header::IF_NONE_MATCH,
                 CARMY_VERSION.clone(),
-                HeaderName::from_static("idempotency-key"),
+                IDEMPOTENCY_KEY.clone(),
+                MCP_SESSION_ID.clone(),
+                MCP_PROTOCOL_VERSION.clone(),
+                MCP_METHOD.clone(),
+                MCP_NAME.clone(),
+                LAST_EVENT_ID.clone(),
             ])
             .expose_headers([
                 CARMY_VERSION.clone(),
                 axum::http::header::ETAG,
                 axum::http::header::RETRY_AFTER,
-                HeaderName::from_static("carmy-replayed"),
+                CARMY_REPLAYED.clone(),
+                MCP_SESSION_ID.clone(),
             ]),
     )
 }

@@ -5,7 +5,12 @@
 //! panics → serialize → record → answer.
 
 mod fingerprint;
+mod repeated;
 pub(crate) mod response;
+mod status;
+mod validation;
+
+pub(crate) use validation::clip;
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -14,22 +19,26 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, Semaphore, mpsc};
+use tokio::sync::{Mutex, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::catalog::Catalog;
-use crate::context::{Context, Principal, Progress};
+use crate::context::{Context, Event, EventSender};
+use crate::error::Error;
 use crate::idempotency::{
-    ExecutionStatus, Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation,
-    StoredResponse,
+    Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoredResponse,
 };
+use crate::principal::{Principal, TrustLevel};
 use crate::state::StateMap;
 use crate::tool::{Confirmation, Invocation, ToolDescriptor};
-use crate::tool_error::{Category, ToolError, Violation, codes};
+use crate::tool_error::{Category, ToolError};
+use crate::wire::codes;
+use repeated::Repeated;
 use response::NextAction;
+pub use status::ExecutionStatus;
 
 /// How the runtime is tuned; set through the [`App`](crate::App) builder.
 #[derive(Debug, Clone)]
@@ -52,6 +61,24 @@ impl Default for Settings {
 /// How long a reservation outlives the execution's deadline: time to record the outcome.
 const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
+/// Refuses a record ttl that a running execution could outlive: its record would expire while it
+/// runs, and a retry would run the tool a second time.
+fn check_record_ttl(catalog: &Catalog, settings: &Settings) -> Result<(), Error> {
+    for tool in catalog.tools() {
+        let descriptor = tool.descriptor;
+        let lease = descriptor.timeout.unwrap_or(settings.default_timeout) + LEASE_MARGIN;
+        if settings.record_ttl < lease {
+            return Err(Error::TtlShorterThanDeadline {
+                tool: descriptor.name.to_owned(),
+                location: descriptor.location(),
+                ttl: settings.record_ttl,
+                lease,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// What a transport asks the runtime to run.
 #[derive(Debug)]
 pub(crate) struct Call {
@@ -60,18 +87,6 @@ pub(crate) struct Call {
     /// Already checked with [`check_request_id`].
     pub(crate) request_id: Option<String>,
     pub(crate) principal: Principal,
-}
-
-/// What an execution tells a transport that streams.
-#[derive(Debug)]
-pub(crate) enum Event {
-    /// The answer will carry this execution id.
-    Started {
-        execution_id: Arc<str>,
-        tool: String,
-    },
-    /// The tool reported progress.
-    Progress(Progress),
 }
 
 /// How a call was answered.
@@ -109,6 +124,15 @@ pub(crate) struct Runtime {
     /// Fired to cancel every execution (the end of a graceful shutdown).
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    logs: StoreLogs,
+}
+
+/// One rate limit per log line about the store: an outage fails every call.
+#[derive(Debug, Default)]
+struct StoreLogs {
+    reserve: Repeated,
+    record: Repeated,
+    release: Repeated,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -131,11 +155,24 @@ struct Prepared {
     deadline: Instant,
 }
 
+impl Prepared {
+    /// When the reservation's lease ends: the deadline and the margin to record the outcome.
+    fn lease_end(&self) -> Instant {
+        self.deadline + LEASE_MARGIN
+    }
+}
+
 /// A call refused before it could run, with what the suggestions need.
 struct Rejected {
     error: ToolError,
     tool: String,
     arguments: Value,
+}
+
+/// What an execution ended with: a serialized output, or an error.
+enum Ended {
+    Output(bytes::Bytes),
+    Error(ToolError),
 }
 
 /// How running the tool ended.
@@ -153,14 +190,15 @@ impl Runtime {
         states: StateMap,
         store: Arc<dyn IdempotencyStore>,
         settings: Settings,
-    ) -> Self {
+    ) -> Result<Self, Error> {
+        check_record_ttl(&catalog, &settings)?;
         let serial = catalog
             .tools()
             .iter()
             .filter(|tool| !tool.descriptor.parallel_safe)
             .map(|tool| (tool.descriptor.name, Arc::new(Mutex::new(()))))
             .collect();
-        Runtime {
+        Ok(Runtime {
             catalog,
             states: Arc::new(states),
             store,
@@ -169,7 +207,8 @@ impl Runtime {
             serial,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
-        }
+            logs: StoreLogs::default(),
+        })
     }
 
     pub(crate) fn catalog(&self) -> &Catalog {
@@ -200,7 +239,7 @@ impl Runtime {
         self: &Arc<Self>,
         call: Call,
         cancel: CancellationToken,
-        events: Option<mpsc::UnboundedSender<Event>>,
+        events: Option<EventSender>,
     ) -> Outcome {
         let execution_id: Arc<str> = format!("exec_{}", uuid::Uuid::now_v7()).into();
         let span = tracing::info_span!(
@@ -262,9 +301,7 @@ impl Runtime {
             principal,
         } = call;
         let Some(entry) = self.catalog.get_visible(&tool, principal.trust()) else {
-            let error =
-                ToolError::not_found(codes::TOOL_NOT_FOUND, format!("no tool named `{tool}`"))
-                    .details(json!({ "tool": tool }));
+            let error = tool_not_found(&self.catalog, &tool, principal.trust());
             return Err(Rejected {
                 error,
                 tool,
@@ -287,22 +324,7 @@ impl Runtime {
                 arguments,
             });
         }
-        // The fast check first; the detailed walk only for arguments that fail it.
-        if !entry.validator.is_valid(&arguments) {
-            let violations: Vec<Violation> = entry
-                .validator
-                .iter_errors(&arguments)
-                .map(|violation| Violation {
-                    path: violation.instance_path().to_string(),
-                    keyword: violation.kind().keyword().to_owned(),
-                    message: violation.to_string(),
-                })
-                .collect();
-            let error = ToolError::validation(
-                codes::INVALID_ARGUMENTS,
-                "arguments do not match the input schema",
-            )
-            .details(json!({ "errors": violations }));
+        if let Some(error) = validation::check(entry, &arguments) {
             return Err(Rejected {
                 error,
                 tool,
@@ -333,7 +355,7 @@ impl Runtime {
         self: Arc<Self>,
         prepared: Prepared,
         cancel: CancellationToken,
-        events: Option<mpsc::UnboundedSender<Event>>,
+        events: Option<EventSender>,
     ) -> Outcome {
         if let Some((key, fingerprint)) = &prepared.idempotency
             && let Some(outcome) = self
@@ -343,7 +365,9 @@ impl Runtime {
             return outcome;
         }
         let Ok(_permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
-            self.release(&prepared).await;
+            if let Some((key, _)) = &prepared.idempotency {
+                self.release(key, prepared.lease_end()).await;
+            }
             let error = ToolError::capacity(codes::OVERLOADED, "too many executions in flight")
                 .retryable(Duration::from_secs(1));
             return self.answer_failure(
@@ -366,7 +390,7 @@ impl Runtime {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         cancel: &CancellationToken,
-        events: Option<&mpsc::UnboundedSender<Event>>,
+        events: Option<&EventSender>,
     ) -> Option<Outcome> {
         loop {
             // The claim outlives the deadline by a margin, so that only an execution that
@@ -426,7 +450,13 @@ impl Runtime {
                 )
                 .retryable(Duration::from_secs(1)),
                 Err(store_error) => {
-                    tracing::error!(error = %store_error, "idempotency store failed");
+                    if let Some(held_back) = self.logs.reserve.admit() {
+                        tracing::error!(
+                            error = %store_error,
+                            "idempotency store failed{}",
+                            repeated::summary(held_back)
+                        );
+                    }
                     ToolError::capacity(
                         codes::IDEMPOTENCY_UNAVAILABLE,
                         "the idempotency store is unavailable",
@@ -443,7 +473,7 @@ impl Runtime {
         &self,
         prepared: &Prepared,
         cancel: &CancellationToken,
-        events: Option<&mpsc::UnboundedSender<Event>>,
+        events: Option<&EventSender>,
     ) -> Ran {
         let token = self.shutdown.child_token();
         // However this future ends (finished, or dropped with its client), whatever the tool
@@ -499,44 +529,31 @@ impl Runtime {
         &self,
         prepared: &Prepared,
         ran: Ran,
-        events: Option<&mpsc::UnboundedSender<Event>>,
+        events: Option<&EventSender>,
     ) -> Outcome {
         let tool = prepared.tool;
         let safe_to_rerun = tool.idempotent || tool.effect.is_read_only();
-        let (status, error) = match ran {
+        let (status, ended) = match ran {
             Ran::Output(output) => {
                 let cacheable = tool.idempotent && tool.effect.is_read_only();
                 let body = response::completed(&prepared.execution_id, &output.0, cacheable);
-                let response = StoredResponse {
-                    execution_id: prepared.execution_id.clone(),
-                    status: ExecutionStatus::Completed,
-                    category: None,
-                    code: None,
-                    body,
-                };
-                self.keep(prepared, Finish::Response(response.clone()))
-                    .await;
-                return Outcome {
-                    response,
-                    replayed: false,
-                    retry_after: None,
-                };
+                (ExecutionStatus::Completed, Ended::Output(body))
             }
             Ran::Error(error) => {
                 if error.category() == Category::Internal {
                     tracing::error!(code = error.code(), source = ?error.source(), "tool failed");
                 }
-                (ExecutionStatus::Failed, error)
+                (ExecutionStatus::Failed, Ended::Error(error))
             }
             Ran::Panicked => (
                 ExecutionStatus::Failed,
-                ToolError::internal(codes::TOOL_PANIC, "the tool panicked"),
+                Ended::Error(ToolError::internal(codes::TOOL_PANIC, "the tool panicked")),
             ),
             Ran::Cancelled => {
                 let error = ToolError::cancelled(codes::CANCELLED, "the execution was cancelled");
                 (
                     ExecutionStatus::Cancelled,
-                    interrupted(error, safe_to_rerun),
+                    Ended::Error(interrupted(error, safe_to_rerun)),
                 )
             }
             Ran::TimedOut => {
@@ -548,24 +565,52 @@ impl Runtime {
                                 .unwrap_or(self.settings.default_timeout)
                                 .as_millis()
                         }));
-                (ExecutionStatus::TimedOut, interrupted(error, safe_to_rerun))
+                (
+                    ExecutionStatus::TimedOut,
+                    Ended::Error(interrupted(error, safe_to_rerun)),
+                )
             }
         };
-        let outcome = self.answer_failure(prepared, status, &error, events);
-        let interrupted = matches!(
-            status,
-            ExecutionStatus::Cancelled | ExecutionStatus::TimedOut
-        );
-        if error.is_rejected_before_running() || error.is_retryable() {
-            self.release(prepared).await;
-        } else if interrupted && !safe_to_rerun {
-            let finish = Finish::Uncertain {
-                execution_id: prepared.execution_id.clone(),
-            };
-            self.keep(prepared, finish).await;
-        } else if prepared.idempotency.is_some() {
-            self.keep(prepared, Finish::Response(outcome.response.clone()))
-                .await;
+        let (outcome, kept) = match ended {
+            Ended::Output(body) => {
+                let outcome = Outcome {
+                    response: StoredResponse {
+                        execution_id: prepared.execution_id.clone(),
+                        status,
+                        category: None,
+                        code: None,
+                        body,
+                    },
+                    replayed: false,
+                    retry_after: None,
+                };
+                (outcome, kept(status, false, false, safe_to_rerun))
+            }
+            Ended::Error(error) => {
+                let kept = kept(
+                    status,
+                    error.is_rejected_before_running(),
+                    error.is_retryable(),
+                    safe_to_rerun,
+                );
+                (self.answer_failure(prepared, status, &error, events), kept)
+            }
+        };
+        let Some((key, _)) = &prepared.idempotency else {
+            return outcome;
+        };
+        match kept {
+            Kept::Nothing => self.release(key, prepared.lease_end()).await,
+            Kept::Uncertain => {
+                let finish = Finish::Uncertain {
+                    execution_id: prepared.execution_id.clone(),
+                };
+                self.keep(key, finish, prepared.lease_end()).await;
+            }
+            Kept::Response => {
+                let finish = Finish::Response(outcome.response.clone());
+                self.keep(key, finish, prepared.lease_end()).await;
+            }
         }
         outcome
     }
@@ -575,7 +620,7 @@ impl Runtime {
         &self,
         execution_id: &Arc<str>,
         rejected: &Rejected,
-        events: Option<&mpsc::UnboundedSender<Event>>,
+        events: Option<&EventSender>,
     ) -> Outcome {
         let Rejected {
             error,
@@ -583,18 +628,7 @@ impl Runtime {
             arguments,
         } = rejected;
         emit_started(events, execution_id, tool);
-        let next_actions = match error.code() {
-            codes::CONFIRMATION_REQUIRED => vec![NextAction {
-                tool,
-                arguments: Some(arguments),
-                reason: format!(
-                    "needs the user's confirmation: ask the user, and call again once the host \
-                     has granted `confirm:{tool}`"
-                ),
-                after_ms: None,
-            }],
-            _ => Vec::new(),
-        };
+        let next_actions = response::after_rejection(error, tool, arguments);
         answer_error(execution_id, ExecutionStatus::Failed, error, &next_actions)
     }
 
@@ -604,56 +638,128 @@ impl Runtime {
         prepared: &Prepared,
         status: ExecutionStatus,
         error: &ToolError,
-        events: Option<&mpsc::UnboundedSender<Event>>,
+        events: Option<&EventSender>,
     ) -> Outcome {
         emit_started(events, &prepared.execution_id, prepared.tool.name);
-        let mut next_actions = Vec::new();
-        if error.is_retryable() {
-            next_actions.push(NextAction {
-                tool: prepared.tool.name,
-                arguments: Some(&prepared.arguments),
-                reason: if prepared.request_id.is_some() {
-                    "the same call may succeed later: retry it with the same request_id".to_owned()
-                } else {
-                    "the same call may succeed later: retry it".to_owned()
-                },
-                after_ms: error
-                    .retry_after()
-                    .map(|after| u64::try_from(after.as_millis()).unwrap_or(u64::MAX)),
-            });
-        }
-        if let Some(suggested) = error.suggested_action() {
-            next_actions.push(NextAction {
-                tool: suggested,
-                arguments: None,
-                reason: format!("suggested after `{}`: {}", error.code(), error.message()),
-                after_ms: None,
-            });
-        }
+        let next_actions = response::after_failure(
+            error,
+            prepared.tool.name,
+            &prepared.arguments,
+            prepared.request_id.is_some(),
+        );
         answer_error(&prepared.execution_id, status, error, &next_actions)
     }
 
-    async fn keep(&self, prepared: &Prepared, finish: Finish) {
-        let Some((key, _)) = &prepared.idempotency else {
-            return;
-        };
-        if let Err(error) = self
-            .store
-            .finish(key, finish, self.settings.record_ttl)
-            .await
+    /// Records how the execution that reserved `key` ended. A store that fails is tried again
+    /// with backoff before the call answers, until `lease_end` (while the record is still this
+    /// execution's); the failure is logged once per call, and rate-limited across calls.
+    async fn keep(&self, key: &IdempotencyKey, finish: Finish, lease_end: Instant) {
+        let ttl = self.settings.record_ttl;
+        let attempt = || self.store.finish(key, finish.clone(), ttl);
+        if let Err(error) = with_backoff(attempt, lease_end).await
+            && let Some(held_back) = self.logs.record.admit()
         {
-            tracing::error!(error = %error, "could not record the outcome");
+            tracing::error!(
+                error = %error,
+                "could not record the outcome; the record stays running until its lease ends, \
+                 then a retry with this request_id gets EXECUTION_UNCERTAIN{}",
+                repeated::summary(held_back)
+            );
         }
     }
 
-    async fn release(&self, prepared: &Prepared) {
-        let Some((key, _)) = &prepared.idempotency else {
-            return;
-        };
-        if let Err(error) = self.store.release(key).await {
-            tracing::error!(error = %error, "could not release the request_id");
+    /// Frees `key` (nothing kept), tried again like [`Runtime::keep`].
+    async fn release(&self, key: &IdempotencyKey, lease_end: Instant) {
+        if let Err(error) = with_backoff(|| self.store.release(key), lease_end).await
+            && let Some(held_back) = self.logs.release.admit()
+        {
+            tracing::error!(
+                error = %error,
+                "could not release the request_id{}",
+                repeated::summary(held_back)
+            );
         }
     }
+}
+
+/// The pauses between attempts to record an outcome: about 0.7 s in all, inside
+/// [`LEASE_MARGIN`].
+const RECORD_BACKOFF: [Duration; 3] = [
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+];
+
+/// Runs `attempt` until it succeeds, [`RECORD_BACKOFF`] is spent, or the next try would start
+/// after `until` (a slow store must not hold the answer past the lease); the last error
+/// otherwise.
+async fn with_backoff<F, Fut, E>(mut attempt: F, until: Instant) -> Result<(), E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    for pause in RECORD_BACKOFF {
+        match attempt().await {
+            Ok(()) => return Ok(()),
+            Err(error) if Instant::now() + pause > until => return Err(error),
+            Err(error) => {
+                tracing::debug!(error = %error, ?pause, "idempotency store failed; trying again");
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+    attempt().await
+}
+
+/// What the idempotency record keeps of an execution that ran (`protocol.md` §4, the
+/// idempotency table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    /// The answer, replayed to a retry.
+    Response,
+    /// Nothing: the key is released and a retry runs again.
+    Nothing,
+    /// That it may or may not have taken effect: a retry gets `EXECUTION_UNCERTAIN`.
+    Uncertain,
+}
+
+/// The recording decision for a failed, cancelled or timed-out execution: the error was
+/// raised before the tool ran (`rejected`) or says the same call may succeed later
+/// (`retryable`); `safe_to_rerun`: the tool is idempotent or changes nothing.
+fn kept(status: ExecutionStatus, rejected: bool, retryable: bool, safe_to_rerun: bool) -> Kept {
+    let interrupted = matches!(
+        status,
+        ExecutionStatus::Cancelled | ExecutionStatus::TimedOut
+    );
+    if rejected || retryable {
+        Kept::Nothing
+    } else if interrupted && !safe_to_rerun {
+        Kept::Uncertain
+    } else {
+        Kept::Response
+    }
+}
+
+/// `TOOL_NOT_FOUND`, naming (clipped) what was asked for and the nearest tools the caller may
+/// see.
+fn tool_not_found(catalog: &Catalog, name: &str, trust: TrustLevel) -> ToolError {
+    let suggestions = catalog.nearest(name, trust);
+    let shown = validation::clip(name);
+    let message = match suggestions.as_slice() {
+        [] => format!("no tool named `{shown}`"),
+        [only] => format!("no tool named `{shown}`; did you mean `{only}`?"),
+        several => format!(
+            "no tool named `{shown}`; did you mean one of {}?",
+            several
+                .iter()
+                .map(|name| format!("`{name}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    ToolError::not_found(codes::TOOL_NOT_FOUND, message)
+        .details(json!({ "tool": shown, "suggestions": suggestions }))
 }
 
 /// A cancelled or timed-out execution: safe to run again only if the tool changes nothing or
@@ -685,13 +791,9 @@ fn answer_error(
     }
 }
 
-fn emit_started(
-    events: Option<&mpsc::UnboundedSender<Event>>,
-    execution_id: &Arc<str>,
-    tool: &str,
-) {
+fn emit_started(events: Option<&EventSender>, execution_id: &Arc<str>, tool: &str) {
     if let Some(events) = events {
-        let _ = events.send(Event::Started {
+        events.send(Event::Started {
             execution_id: execution_id.clone(),
             tool: tool.to_owned(),
         });
@@ -709,4 +811,38 @@ fn record_span(span: &tracing::Span, outcome: &Outcome, started: Instant) {
     }
     let _entered = span.enter();
     tracing::info!(replayed = outcome.replayed, "execution finished");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ExecutionStatus, Kept, kept};
+
+    /// `protocol.md` §4, the idempotency table, row by row.
+    #[test]
+    fn recording_follows_the_idempotency_table() {
+        use ExecutionStatus::{Cancelled, Completed, Failed, TimedOut};
+        // (status, rejected before running, retryable, safe to rerun) → kept
+        let table = [
+            ((Completed, false, false, false), Kept::Response),
+            ((Completed, false, false, true), Kept::Response),
+            ((Failed, false, false, false), Kept::Response),
+            ((Failed, false, false, true), Kept::Response),
+            ((Failed, true, false, false), Kept::Nothing),
+            ((Failed, false, true, false), Kept::Nothing),
+            ((Failed, false, true, true), Kept::Nothing),
+            ((Cancelled, false, false, false), Kept::Uncertain),
+            ((TimedOut, false, false, false), Kept::Uncertain),
+            ((Cancelled, false, true, true), Kept::Nothing),
+            ((TimedOut, false, true, true), Kept::Nothing),
+            ((TimedOut, false, false, true), Kept::Response),
+            ((Cancelled, true, false, false), Kept::Nothing),
+        ];
+        for ((status, rejected, retryable, safe), expected) in table {
+            assert_eq!(
+                kept(status, rejected, retryable, safe),
+                expected,
+                "{status:?} rejected={rejected} retryable={retryable} safe={safe}"
+            );
+        }
+    }
 }

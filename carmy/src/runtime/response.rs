@@ -5,8 +5,9 @@ use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::idempotency::ExecutionStatus;
+use super::ExecutionStatus;
 use crate::tool_error::ToolError;
+use crate::wire::codes;
 
 #[derive(Serialize)]
 struct Body<'a> {
@@ -30,12 +31,91 @@ struct Agent<'a> {
 /// A suggestion for the agent's next call.
 #[derive(Serialize)]
 pub(crate) struct NextAction<'a> {
-    pub(crate) tool: &'a str,
+    tool: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) arguments: Option<&'a Value>,
-    pub(crate) reason: String,
+    arguments: Option<&'a Value>,
+    reason: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) after_ms: Option<u64>,
+    after_ms: Option<u64>,
+}
+
+/// Arguments larger than this (serialized) are not repeated in a suggestion: the agent has them,
+/// and an error body stays small.
+const MAX_ECHOED_ARGUMENTS: usize = 8 * 1024;
+
+/// `arguments`, when small enough to repeat.
+fn echoed(arguments: &Value) -> Option<&Value> {
+    /// Counts bytes instead of keeping them.
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            if self.0 > MAX_ECHOED_ARGUMENTS {
+                return Err(std::io::ErrorKind::FileTooLarge.into());
+            }
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    serde_json::to_writer(Counter(0), arguments)
+        .ok()
+        .map(|()| arguments)
+}
+
+/// What to suggest after a call refused before it ran.
+pub(crate) fn after_rejection<'a>(
+    error: &ToolError,
+    tool: &'a str,
+    arguments: &'a Value,
+) -> Vec<NextAction<'a>> {
+    match error.code() {
+        codes::CONFIRMATION_REQUIRED => vec![NextAction {
+            tool,
+            arguments: echoed(arguments),
+            reason: format!(
+                "needs the user's confirmation: ask the user, and call again once the host has \
+                 granted `confirm:{tool}`"
+            ),
+            after_ms: None,
+        }],
+        _ => Vec::new(),
+    }
+}
+
+/// What to suggest after a call of `tool` failed: a retry when the same call may succeed later,
+/// and the tool the error suggests.
+pub(crate) fn after_failure<'a>(
+    error: &'a ToolError,
+    tool: &'a str,
+    arguments: &'a Value,
+    with_request_id: bool,
+) -> Vec<NextAction<'a>> {
+    let mut next_actions = Vec::new();
+    if error.is_retryable() {
+        next_actions.push(NextAction {
+            tool,
+            arguments: echoed(arguments),
+            reason: if with_request_id {
+                "the same call may succeed later: retry it with the same request_id".to_owned()
+            } else {
+                "the same call may succeed later: retry it".to_owned()
+            },
+            after_ms: error
+                .retry_after()
+                .map(|after| u64::try_from(after.as_millis()).unwrap_or(u64::MAX)),
+        });
+    }
+    if let Some(suggested) = error.suggested_action() {
+        next_actions.push(NextAction {
+            tool: suggested,
+            arguments: None,
+            reason: format!("suggested after `{}`: {}", error.code(), error.message()),
+            after_ms: None,
+        });
+    }
+    next_actions
 }
 
 fn status_name<S: serde::Serializer>(

@@ -1,0 +1,139 @@
+//! Checking arguments against a tool's input schema, and saying what is wrong in a bounded,
+//! schema-aware way: messages never echo a large input, and an `enum` or `oneOf` failure names
+//! the values the schema allows.
+
+use jsonschema::error::ValidationErrorKind;
+use serde_json::{Value, json};
+
+use crate::catalog::CatalogTool;
+use crate::tool_error::{ToolError, Violation};
+use crate::wire::codes;
+
+/// The most violations listed; the others are counted in `details.omitted`.
+const MAX_VIOLATIONS: usize = 10;
+/// How much of a value, a name or a message an error echoes, in bytes.
+pub(crate) const MAX_ECHO: usize = 256;
+/// The most allowed values a message names.
+const MAX_ALLOWED: usize = 20;
+
+/// `text`, cut at [`MAX_ECHO`] bytes (on a character boundary) with `…` when longer.
+pub(crate) fn clip(text: &str) -> String {
+    if text.len() <= MAX_ECHO {
+        return text.to_owned();
+    }
+    let mut end = MAX_ECHO;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// `None` when `arguments` match the tool's input schema; else `INVALID_ARGUMENTS` with at most
+/// [`MAX_VIOLATIONS`] bounded violations.
+pub(crate) fn check(tool: &CatalogTool, arguments: &Value) -> Option<ToolError> {
+    // The fast check first; the detailed walk only for arguments that fail it.
+    if tool.validator.is_valid(arguments) {
+        return None;
+    }
+    let mut errors = tool.validator.iter_errors(arguments);
+    let violations: Vec<Violation> = errors
+        .by_ref()
+        .take(MAX_VIOLATIONS)
+        .map(|violation| Violation {
+            path: clip(violation.instance_path().as_str()),
+            keyword: violation.kind().keyword().to_owned(),
+            message: clip(&message(&violation, &tool.input_schema)),
+        })
+        .collect();
+    let omitted = errors.count();
+    let details = if omitted == 0 {
+        json!({ "errors": violations })
+    } else {
+        json!({ "errors": violations, "omitted": omitted })
+    };
+    Some(
+        ToolError::validation(
+            codes::INVALID_ARGUMENTS,
+            "arguments do not match the input schema",
+        )
+        .details(details),
+    )
+}
+
+/// The violation's message, with the offending value clipped, and the allowed values named for
+/// `enum`, `oneOf` and `anyOf`.
+fn message(violation: &jsonschema::ValidationError<'_>, schema: &Value) -> String {
+    let instance = violation.instance().to_string();
+    let shown = clip(&instance);
+    let allowed = match violation.kind() {
+        ValidationErrorKind::Enum { options } => options
+            .as_array()
+            .map(|options| options.iter().map(Value::to_string).collect::<Vec<_>>()),
+        ValidationErrorKind::OneOfNotValid { .. } | ValidationErrorKind::AnyOf { .. } => schema
+            .pointer(violation.schema_path().as_str())
+            .and_then(Value::as_array)
+            .and_then(|branches| branches.iter().map(branch_value).collect()),
+        _ => None,
+    };
+    match allowed {
+        Some(allowed) => {
+            let listed = allowed.len().min(MAX_ALLOWED);
+            let mut names = allowed[..listed].join(", ");
+            if allowed.len() > listed {
+                names.push_str(&format!(", … ({} more)", allowed.len() - listed));
+            }
+            format!("{shown} is not one of the allowed values: {names}")
+        }
+        None if shown.len() == instance.len() => violation.to_string(),
+        None => violation.masked_with(shown).to_string(),
+    }
+}
+
+/// What one `oneOf`/`anyOf` branch accepts, when it is a value: a `const`, or an object told
+/// apart by a constant tag property (`{"kind": "card"}`). `None` for any other branch.
+fn branch_value(branch: &Value) -> Option<String> {
+    if let Some(value) = branch.get("const") {
+        return Some(value.to_string());
+    }
+    if let Some([value]) = branch
+        .get("enum")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+    {
+        return Some(value.to_string());
+    }
+    let (tag, value) = branch
+        .get("properties")?
+        .as_object()?
+        .iter()
+        .find_map(|(name, property)| Some((name, property.get("const")?)))?;
+    Some(format!("{{\"{tag}\": {value}}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_keeps_short_text_and_cuts_long_text_on_a_character() {
+        assert_eq!(clip("short"), "short");
+        let long = "é".repeat(MAX_ECHO);
+        let clipped = clip(&long);
+        assert!(clipped.len() <= MAX_ECHO + '…'.len_utf8());
+        assert!(clipped.ends_with('…'));
+    }
+
+    #[test]
+    fn branches_name_their_value() {
+        assert_eq!(
+            branch_value(&json!({"const": "a"})),
+            Some("\"a\"".to_owned())
+        );
+        assert_eq!(branch_value(&json!({"enum": [1]})), Some("1".to_owned()));
+        assert_eq!(
+            branch_value(&json!({"type": "object", "properties": {"kind": {"const": "card"}}})),
+            Some("{\"kind\": \"card\"}".to_owned())
+        );
+        assert_eq!(branch_value(&json!({"type": "string"})), None);
+    }
+}

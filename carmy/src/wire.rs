@@ -1,0 +1,51 @@
+//! The names carmy puts on the wire, in one place: error codes and header names and values.
+
+use axum::http::{HeaderName, HeaderValue};
+
+/// Codes carmy itself produces (`protocol.md` §4, README "Errors"). Tools choose their own.
+pub(crate) mod codes {
+    pub(crate) const INVALID_REQUEST: &str = "INVALID_REQUEST";
+    pub(crate) const PAYLOAD_TOO_LARGE: &str = "PAYLOAD_TOO_LARGE";
+    pub(crate) const ROUTE_NOT_FOUND: &str = "ROUTE_NOT_FOUND";
+    pub(crate) const METHOD_NOT_ALLOWED: &str = "METHOD_NOT_ALLOWED";
+    pub(crate) const INTERNAL: &str = "INTERNAL";
+    pub(crate) const TOOL_NOT_FOUND: &str = "TOOL_NOT_FOUND";
+    pub(crate) const INVALID_ARGUMENTS: &str = "INVALID_ARGUMENTS";
+    pub(crate) const INVALID_OUTPUT: &str = "INVALID_OUTPUT";
+    pub(crate) const CONFIRMATION_REQUIRED: &str = "CONFIRMATION_REQUIRED";
+    pub(crate) const IDEMPOTENCY_CONFLICT: &str = "IDEMPOTENCY_CONFLICT";
+    pub(crate) const EXECUTION_UNCERTAIN: &str = "EXECUTION_UNCERTAIN";
+    pub(crate) const IDEMPOTENCY_CAPACITY: &str = "IDEMPOTENCY_CAPACITY";
+    pub(crate) const IDEMPOTENCY_UNAVAILABLE: &str = "IDEMPOTENCY_UNAVAILABLE";
+    pub(crate) const TIMEOUT: &str = "TIMEOUT";
+    pub(crate) const CANCELLED: &str = "CANCELLED";
+    pub(crate) const TOOL_PANIC: &str = "TOOL_PANIC";
+    pub(crate) const OVERLOADED: &str = "OVERLOADED";
+    pub(crate) const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+    pub(crate) const RATE_LIMITED: &str = "RATE_LIMITED";
+    pub(crate) const UNSUPPORTED_VERSION: &str = "UNSUPPORTED_VERSION";
+    #[cfg(feature = "redis")]
+    pub(crate) const RATE_LIMITER_UNAVAILABLE: &str = "RATE_LIMITER_UNAVAILABLE";
+    #[cfg(feature = "mcp")]
+    pub(crate) const ORIGIN_NOT_ALLOWED: &str = "ORIGIN_NOT_ALLOWED";
+}
+
+/// carmy/1's own headers.
+pub(crate) static CARMY_VERSION: HeaderName = HeaderName::from_static("carmy-version");
+pub(crate) static CARMY_REPLAYED: HeaderName = HeaderName::from_static("carmy-replayed");
+pub(crate) static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// The headers of MCP's Streamable HTTP transport, which browsers must be allowed to send.
+pub(crate) static MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+pub(crate) static MCP_PROTOCOL_VERSION: HeaderName =
+    HeaderName::from_static("mcp-protocol-version");
+pub(crate) static MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+pub(crate) static MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
+pub(crate) static LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+
+pub(crate) static JSON: HeaderValue = HeaderValue::from_static("application/json");
+pub(crate) static NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
+/// The `WWW-Authenticate` challenge of a `401`.
+pub(crate) static BEARER_CHALLENGE: HeaderValue =
+    HeaderValue::from_static("Bearer realm=\"carmy\"");
