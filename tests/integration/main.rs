@@ -4,8 +4,10 @@
 mod auth;
 mod builder;
 mod catalog;
+mod connections;
 mod disconnect;
 mod discovery;
+mod embedding;
 mod execute;
 mod fuzz;
 mod idempotency;
