@@ -343,3 +343,32 @@ async fn sigterm_ends_the_process_despite_a_stalled_client() {
         "grace 1 s + closing margin: {elapsed:?}"
     );
 }
+
+#[tokio::test]
+async fn app_serve_answers_every_unknown_path_with_json_but_hyper_answers_bad_heads_bare() {
+    let (addr, _stop, _server) = serve(tools::app(&Probe::default())).await;
+    let (status, body) = raw(
+        addr,
+        b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 404);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "ROUTE_NOT_FOUND");
+    // The documented exceptions: hyper's parser answers these itself, without a body.
+    let mut too_many_headers = b"GET / HTTP/1.1\r\n".to_vec();
+    for index in 0..101 {
+        too_many_headers.extend_from_slice(format!("X-{index}: 1\r\n").as_bytes());
+    }
+    too_many_headers.extend_from_slice(b"\r\n");
+    let mut long_uri = b"GET /".to_vec();
+    long_uri.extend_from_slice(&[b'a'; 70_000]);
+    long_uri.extend_from_slice(b" HTTP/1.1\r\nHost: x\r\n\r\n");
+    for (request, expected) in [
+        (too_many_headers, 431),
+        (long_uri, 414),
+        (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n".to_vec(), 400),
+    ] {
+        assert_eq!(raw(addr, &request).await, (expected, String::new()));
+    }
+}

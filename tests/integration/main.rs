@@ -19,6 +19,7 @@ mod routes;
 mod schemas;
 mod shutdown;
 mod socket;
+mod startup;
 mod store_contract;
 mod store_outage;
 mod streaming;
