@@ -222,7 +222,7 @@ impl App {
     }
 
     /// How long a client has to send a whole request body once its head arrived: past it the
-    /// call is refused with `408 REQUEST_TIMEOUT` (default and most 30 s).
+    /// call is refused with `408 REQUEST_TIMEOUT` (default 30 s, also the most).
     pub fn body_timeout(mut self, timeout: Duration) -> Self {
         self.http.body_timeout = timeout;
         self
