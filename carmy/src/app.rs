@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::IntoResponse;
-use axum::serve::ListenerExt;
 
 use crate::auth::Authenticator;
 use crate::catalog::Catalog;
@@ -18,6 +17,7 @@ use crate::idempotency::{IdempotencyStore, MemoryStore};
 use crate::mcp::{self, McpHandler, McpSettings};
 use crate::protection::{Protection, RateLimit, RateLimiter};
 use crate::runtime::{Runtime, Settings};
+use crate::serve::{self, Server};
 use crate::state::StateMap;
 use crate::tool::{self, ToolDescriptor};
 use crate::tool_error::ToolError;
@@ -47,7 +47,7 @@ pub struct App {
     protection: Protection,
     #[cfg(feature = "mcp")]
     mcp: McpSettings,
-    shutdown_grace: Duration,
+    server: Server,
 }
 
 impl std::fmt::Debug for App {
@@ -80,7 +80,7 @@ impl App {
             protection: Protection::default(),
             #[cfg(feature = "mcp")]
             mcp: McpSettings::default(),
-            shutdown_grace: Duration::from_secs(10),
+            server: Server::new(),
         }
     }
 
@@ -150,6 +150,10 @@ impl App {
         self.protection.trust_forwarded_for = config.trust_forwarded_for;
         self.protection.cors_origins = config.cors_origins;
         self.protection.security_headers = config.security_headers;
+        if let Some(timeout) = config.server.body_timeout {
+            self.http.body_timeout = timeout;
+        }
+        self.server = self.server.configure(&config.server);
         self
     }
 
@@ -207,7 +211,35 @@ impl App {
     /// How long [`App::serve`] lets executions in flight finish after a shutdown signal
     /// before cancelling them (default 10 s).
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
-        self.shutdown_grace = grace;
+        self.server = self.server.shutdown_grace(grace);
+        self
+    }
+
+    /// How long [`App::serve`] gives a client to send a whole request head (default 10 s, at
+    /// most 15): see [`Server::head_timeout`].
+    pub fn head_timeout(mut self, timeout: Duration) -> Self {
+        self.server = self.server.head_timeout(timeout);
+        self
+    }
+
+    /// How long a client has to send a whole request body once its head arrived: past it the
+    /// call is refused with `408 REQUEST_TIMEOUT` (default 30 s, also the most).
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        self.http.body_timeout = timeout;
+        self
+    }
+
+    /// How long [`App::serve`] keeps a connection with no request in flight (default 60 s, at
+    /// most 75): see [`Server::idle_timeout`].
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.server = self.server.idle_timeout(timeout);
+        self
+    }
+
+    /// How many connections [`App::serve`] keeps open at once (default: three quarters of the
+    /// file-descriptor limit): see [`Server::max_connections`].
+    pub fn max_connections(mut self, connections: usize) -> Self {
+        self.server = self.server.max_connections(connections);
         self
     }
 
@@ -235,17 +267,12 @@ impl App {
 
     /// Serves the app on `addr` until SIGINT or SIGTERM, then shuts down gracefully: stops
     /// accepting connections, lets executions in flight finish within the grace period, then
-    /// cancels the rest.
-    ///
-    /// With the `mcp` feature, a program started as `program mcp` serves MCP on stdin and
-    /// stdout instead (see [`App::serve_stdio`]).
+    /// cancels the rest and closes every connection. Connections are limited as [`Server`]
+    /// describes.
     pub async fn serve(self, addr: impl tokio::net::ToSocketAddrs) -> Result<(), Error> {
-        #[cfg(feature = "mcp")]
-        if std::env::args().nth(1).as_deref() == Some("mcp") {
-            return self.serve_stdio().await;
-        }
         let listener = tokio::net::TcpListener::bind(addr).await?;
-        self.serve_with_shutdown(listener, shutdown_signal()).await
+        self.serve_with_shutdown(listener, serve::shutdown_signal())
+            .await
     }
 
     /// Like [`App::serve`], on a bound listener, until `shutdown` resolves.
@@ -254,34 +281,13 @@ impl App {
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), Error> {
-        let grace = self.shutdown_grace;
+        let server = self.server.clone();
+        server.check()?;
         let (router, runtime) = self.build()?;
         tracing::info!(addr = %listener.local_addr()?, "serving carmy/1");
-        // Events of a stream are small writes: without TCP_NODELAY, Nagle's algorithm holds
-        // each one back until the previous is acknowledged.
-        let listener = listener.tap_io(|connection| {
-            if let Err(error) = connection.set_nodelay(true) {
-                tracing::warn!(%error, "could not set TCP_NODELAY");
-            }
-        });
-        let canceller = Arc::clone(&runtime);
-        let signal = async move {
-            shutdown.await;
-            tracing::info!(?grace, "shutting down: waiting for executions in flight");
-            tokio::spawn(async move {
-                tokio::time::sleep(grace).await;
-                canceller.cancel_all();
-            });
-        };
-        // The peer address keys the rate limits of anonymous callers. Under a plain
-        // `axum::serve(listener, router)` it is unknown, and anonymous callers share one budget.
-        axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .with_graceful_shutdown(signal)
-        .await?;
-        runtime.wait_idle().await;
+        // The whole server is carmy's: every unknown path gets the JSON 404.
+        let router = router.fallback(http::route_not_found);
+        server.run(listener, router, shutdown, Some(runtime)).await;
         Ok(())
     }
 
@@ -298,6 +304,7 @@ impl App {
     }
 
     pub(crate) fn build(self) -> Result<(axum::Router, Arc<Runtime>), Error> {
+        serve::check_body_timeout(self.http.body_timeout)?;
         let http = self.http.clone();
         let protection = Arc::new(self.protection.clone());
         #[cfg(feature = "mcp")]
@@ -317,6 +324,10 @@ impl App {
             ),
             |error| mcp::refusal(&error),
         ));
+        // One deadline for each request body, from the end of its head.
+        let router = router.layer(tower_http::timeout::RequestBodyDeadlineLayer::new(
+            http.body_timeout,
+        ));
         Ok((protection.cors(router), runtime))
     }
 
@@ -328,6 +339,7 @@ impl App {
             None => default_name(),
         };
         let catalog = Catalog::build(self.tools, &self.states)?;
+        log_tools(&catalog);
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         let runtime = Arc::new(Runtime::new(
             Arc::new(catalog),
@@ -347,26 +359,18 @@ fn default_name() -> String {
         .unwrap_or_else(|| "carmy".to_owned())
 }
 
-/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
-async fn shutdown_signal() {
-    let interrupt = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
+/// One line at start-up, so that a crate whose tools were never linked is visible.
+fn log_tools(catalog: &Catalog) {
+    let tools = catalog.tools().len();
+    if tools == 0 {
+        tracing::warn!(
+            tools,
+            "serving 0 tools: no `#[carmy::tool]` was linked or added"
+        );
+    } else {
+        tracing::info!(tools, "serving {tools} tools");
+    }
+    for tool in catalog.tools() {
+        tracing::debug!(tool = tool.descriptor.name(), "serving tool");
     }
 }

@@ -13,6 +13,13 @@
 //! anonymous = 30                  # CARMY_RATE_LIMIT_ANONYMOUS; a level left out is unlimited
 //! known = 600                     # CARMY_RATE_LIMIT_KNOWN
 //!
+//! [server]                      # CARMY_SERVER_HEAD_TIMEOUT_SECS…
+//! head_timeout_secs = 10          # at most 15
+//! body_timeout_secs = 30          # at most 30
+//! idle_timeout_secs = 60          # at most 75
+//! max_connections = 10000         # default: 3/4 of the file-descriptor limit
+//! shutdown_grace_secs = 10
+//!
 //! [[tokens]]
 //! id = "reporting"
 //! trust = "known"
@@ -29,6 +36,7 @@ use crate::auth::TokenAuthenticator;
 use crate::context::{Principal, TrustLevel};
 use crate::error::Error;
 use crate::protection::RateLimit;
+use crate::serve::ServerConfig;
 
 /// The variable that names the configuration file (default `./carmy.toml`, when present).
 pub const CONFIG_PATH_VAR: &str = "CARMY_CONFIG";
@@ -43,6 +51,7 @@ pub struct Config {
     pub(crate) trust_forwarded_for: bool,
     pub(crate) cors_origins: Vec<String>,
     pub(crate) security_headers: bool,
+    pub(crate) server: ServerConfig,
 }
 
 impl Config {
@@ -112,6 +121,10 @@ impl Config {
             }
             rate_limit.finish()?;
         }
+        let server = match root.section("server")? {
+            Some(section) => server_section(section)?,
+            None => ServerConfig::default(),
+        };
         let authenticator = match root.take("tokens") {
             None => None,
             Some(Value::Array(tokens)) => {
@@ -138,8 +151,24 @@ impl Config {
             trust_forwarded_for,
             cors_origins,
             security_headers,
+            server,
         })
     }
+}
+
+fn server_section(mut server: Section) -> Result<ServerConfig, Error> {
+    let mut secs = |key| Ok::<_, Error>(server.integer(key)?.map(Duration::from_secs));
+    let config = ServerConfig {
+        head_timeout: secs("head_timeout_secs")?,
+        body_timeout: secs("body_timeout_secs")?,
+        idle_timeout: secs("idle_timeout_secs")?,
+        shutdown_grace: secs("shutdown_grace_secs")?,
+        max_connections: server
+            .integer("max_connections")?
+            .map(|count| usize::try_from(count).unwrap_or(usize::MAX)),
+    };
+    server.finish()?;
+    Ok(config)
 }
 
 fn env_var(name: &str) -> Option<String> {
@@ -156,6 +185,11 @@ const OVERRIDABLE: &[&str] = &[
     "rate_limit.known",
     "rate_limit.partner",
     "rate_limit.internal",
+    "server.head_timeout_secs",
+    "server.body_timeout_secs",
+    "server.idle_timeout_secs",
+    "server.max_connections",
+    "server.shutdown_grace_secs",
 ];
 
 fn token_entry(
@@ -367,6 +401,24 @@ mod tests {
         })
         .unwrap_err();
         assert!(error.to_string().contains("`rate_limit.known`"), "{error}");
+    }
+
+    #[test]
+    fn server_limits() {
+        let config = Config::parse(
+            "[server]\nhead_timeout_secs = 5\nmax_connections = 100\n",
+            |name| (name == "CARMY_SERVER_BODY_TIMEOUT_SECS").then(|| "20".to_owned()),
+        )
+        .unwrap();
+        assert_eq!(config.server.head_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(config.server.body_timeout, Some(Duration::from_secs(20)));
+        assert_eq!(config.server.idle_timeout, None);
+        assert_eq!(config.server.max_connections, Some(100));
+        let error = parse("[server]\nhead_timeout = 5\n").unwrap_err();
+        assert!(
+            error.contains("unknown key `server.head_timeout`"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -6,6 +6,8 @@ use axum::http::{HeaderName, HeaderValue};
 pub(crate) mod codes {
     pub(crate) const INVALID_REQUEST: &str = "INVALID_REQUEST";
     pub(crate) const PAYLOAD_TOO_LARGE: &str = "PAYLOAD_TOO_LARGE";
+    /// A request body that did not arrive within the body timeout (`408`).
+    pub(crate) const REQUEST_TIMEOUT: &str = "REQUEST_TIMEOUT";
     pub(crate) const ROUTE_NOT_FOUND: &str = "ROUTE_NOT_FOUND";
     pub(crate) const METHOD_NOT_ALLOWED: &str = "METHOD_NOT_ALLOWED";
     pub(crate) const INTERNAL: &str = "INTERNAL";

@@ -26,7 +26,7 @@ async fn documents_over_a_real_socket() {
     assert!(cached.body.is_empty());
     assert_eq!(cached.header("etag"), Some(etag.as_str()));
 
-    let missing = server.get("/nope", &[]).await;
+    let missing = server.get("/agent/nope", &[]).await;
     assert_eq!(missing.status, 404);
     assert_eq!(missing.json()["error"]["code"], "ROUTE_NOT_FOUND");
 }

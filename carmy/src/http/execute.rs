@@ -100,6 +100,7 @@ async fn read_call(
     let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(error) if error.is::<LengthLimitError>() => return Err(payload_too_large()),
+        Err(error) if super::body_timed_out(&*error) => return Err(super::body_timeout()),
         Err(error) => {
             return Err(ToolError::invalid_request(format!(
                 "the request body could not be read: {error}"

@@ -4,17 +4,21 @@
 //! Idempotency records live where `CARMY_IDEMPOTENCY_URL` says (`postgres://…`, `redis://…`,
 //! `file:PATH`), in memory when it is unset; a store that cannot be reached stops the start.
 //!
-//! Tokens, rate limits and CORS come from `carmy.toml`: `CARMY_CONFIG` when set, else the
-//! example's own `examples/shop/carmy.toml`.
+//! Tokens, rate limits, CORS and the server's timeouts come from `carmy.toml`: `CARMY_CONFIG`
+//! when set, else the example's own `examples/shop/carmy.toml`.
+
+use std::io::IsTerminal;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Logs: `RUST_LOG` (default `info`) on stderr, since stdout carries MCP messages under
+    // `mcp`; colours only on a terminal, so a log file or collector gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        // stdout carries MCP messages under `mcp`: logs go to stderr.
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let addr = std::env::var("CARMY_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let store = carmy::idempotency::connect_from_env().await?;
@@ -23,10 +27,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::path::PathBuf::from,
     );
     let config = carmy::Config::load_from(&config_path)?;
-    shop::app()
-        .idempotency_store(store)
-        .config(config)
-        .serve(addr)
-        .await?;
+    let app = shop::app().idempotency_store(store).config(config);
+    // The program decides its transport: `shop mcp` is for desktop hosts that start it.
+    if std::env::args().nth(1).as_deref() == Some("mcp") {
+        app.serve_stdio().await?;
+    } else {
+        app.serve(addr).await?;
+    }
     Ok(())
 }

@@ -1,0 +1,489 @@
+//! The connection server under [`App::serve`](crate::App::serve), also usable with a host's own
+//! router: timeouts on the request head and on idle connections, a cap on open connections, and
+//! a graceful shutdown that always ends.
+//!
+//! hyper does the HTTP: its HTTP/1 `header_read_timeout` bounds each head after the first.
+//! hyper-util's protocol detection (HTTP/1 or the HTTP/2 preface) has no timeout of its own,
+//! so the first head, and any wait with no request in flight, is bounded here.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+use crate::runtime::Runtime;
+
+/// The longest head timeout accepted: a slow head holds a connection slot.
+const MAX_HEAD_TIMEOUT: Duration = Duration::from_secs(15);
+/// The longest body timeout accepted.
+pub(crate) const MAX_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest idle timeout accepted.
+const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
+/// After the grace period, how long cancelled executions have to send their answers before
+/// every connection is closed.
+const CLOSE_MARGIN: Duration = Duration::from_secs(1);
+
+/// The `[server]` table of `carmy.toml`: what is set replaces the builder's value.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ServerConfig {
+    pub(crate) head_timeout: Option<Duration>,
+    /// Applied to the router (`RequestBodyDeadlineLayer`), not to the connections.
+    pub(crate) body_timeout: Option<Duration>,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) max_connections: Option<usize>,
+    pub(crate) shutdown_grace: Option<Duration>,
+}
+
+/// Serves a router over HTTP/1 and HTTP/2 with the limits a public server needs, which a plain
+/// `axum::serve` lacks: a deadline for each request head (also for a connection that sends
+/// nothing, or stops inside the HTTP/2 preface), an idle timeout, a cap on open connections,
+/// and a shutdown that closes every connection once the grace period is over.
+///
+/// [`App::serve`](crate::App::serve) uses it; a host that builds its own router from
+/// [`App::router`](crate::App::router) serves it with [`Server::serve`].
+///
+/// ```no_run
+/// # async fn run() -> Result<(), carmy::Error> {
+/// let router = carmy::app().router()?.route("/health", axum::routing::get(|| async { "ok" }));
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+/// carmy::Server::new().serve(listener, router, carmy::shutdown_signal()).await
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct Server {
+    head_timeout: Duration,
+    idle_timeout: Duration,
+    max_connections: Option<usize>,
+    shutdown_grace: Duration,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Server {
+    /// Head timeout 10 s, idle timeout 60 s, connections capped by the file-descriptor limit,
+    /// shutdown grace 10 s.
+    pub fn new() -> Self {
+        Server {
+            head_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: None,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+
+    /// How long a client has to send a whole request head, from the moment the connection is
+    /// accepted or goes idle: one deadline, not reset by each byte (default 10 s, at most 15).
+    pub fn head_timeout(mut self, timeout: Duration) -> Self {
+        self.head_timeout = timeout;
+        self
+    }
+
+    /// How long a connection with no request in flight stays open (default 60 s, at most 75).
+    /// An HTTP/1 connection waiting for its next request is also held to the head timeout.
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// How many connections may be open at once; more wait to be accepted (default: three
+    /// quarters of the process's file-descriptor limit, leaving the rest to stores and files).
+    pub fn max_connections(mut self, connections: usize) -> Self {
+        self.max_connections = Some(connections);
+        self
+    }
+
+    /// How long requests in flight may finish after the shutdown signal before every
+    /// connection is closed (default 10 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// The `[server]` settings of `carmy.toml` that are set.
+    pub(crate) fn configure(mut self, config: &ServerConfig) -> Self {
+        let ServerConfig {
+            head_timeout,
+            body_timeout: _,
+            idle_timeout,
+            max_connections,
+            shutdown_grace,
+        } = *config;
+        self.head_timeout = head_timeout.unwrap_or(self.head_timeout);
+        self.idle_timeout = idle_timeout.unwrap_or(self.idle_timeout);
+        self.max_connections = max_connections.or(self.max_connections);
+        self.shutdown_grace = shutdown_grace.unwrap_or(self.shutdown_grace);
+        self
+    }
+
+    /// Serves `router` on `listener` until `shutdown` resolves; then stops accepting, lets
+    /// requests in flight finish within the grace period, and closes every connection.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        router: Router,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        self.check()?;
+        tracing::info!(addr = %listener.local_addr()?, "serving");
+        self.run(listener, router, shutdown, None).await;
+        Ok(())
+    }
+
+    /// Refuses timeouts of zero or above their maximum.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        check_timeout("head_timeout", self.head_timeout, MAX_HEAD_TIMEOUT)?;
+        check_timeout("idle_timeout", self.idle_timeout, MAX_IDLE_TIMEOUT)?;
+        if self.max_connections == Some(0) {
+            return Err(Error::Config(
+                "`max_connections` must be at least 1".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The accept loop, then the shutdown: with a `runtime`, its executions are drained too,
+    /// and cancelled when the grace period is over.
+    pub(crate) async fn run(
+        &self,
+        listener: TcpListener,
+        router: Router,
+        shutdown: impl Future<Output = ()>,
+        runtime: Option<Arc<Runtime>>,
+    ) {
+        let max_connections = self.max_connections.unwrap_or_else(default_max_connections);
+        tracing::debug!(max_connections, "connection limit");
+        let slots = Arc::new(Semaphore::new(max_connections));
+        let builder = Arc::new(self.builder());
+        let graceful = GracefulShutdown::new();
+        let close = CancellationToken::new();
+        tokio::pin!(shutdown);
+        loop {
+            // At the cap, new connections wait in the listen backlog; silent ones holding the
+            // slots are closed at the head timeout.
+            let slot = tokio::select! {
+                () = &mut shutdown => break,
+                slot = Arc::clone(&slots).acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    Err(_) => break,
+                },
+            };
+            let (stream, peer) = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        accept_failed(&error).await;
+                        continue;
+                    }
+                },
+            };
+            let connection = Connection {
+                builder: Arc::clone(&builder),
+                router: router.clone(),
+                head_timeout: self.head_timeout,
+                idle_timeout: self.idle_timeout,
+                close: close.clone(),
+            };
+            let watcher = graceful.watcher();
+            tokio::spawn(async move {
+                connection.serve(stream, peer, watcher).await;
+                drop(slot);
+            });
+        }
+        drop(listener);
+        tracing::info!(grace = ?self.shutdown_grace, "shutting down: waiting for requests in flight");
+        let connections = graceful.shutdown();
+        tokio::pin!(connections);
+        let drained = tokio::time::timeout(self.shutdown_grace, async {
+            (&mut connections).await;
+            if let Some(runtime) = &runtime {
+                runtime.wait_idle().await;
+            }
+        })
+        .await
+        .is_ok();
+        if !drained {
+            if let Some(runtime) = &runtime {
+                runtime.cancel_all();
+            }
+            // Cancelled executions answer at once: give those answers a moment to leave.
+            if tokio::time::timeout(CLOSE_MARGIN, &mut connections)
+                .await
+                .is_err()
+            {
+                tracing::info!("closing the connections still open");
+                close.cancel();
+                connections.await;
+            }
+        }
+        if let Some(runtime) = runtime
+            && tokio::time::timeout(CLOSE_MARGIN, runtime.wait_idle())
+                .await
+                .is_err()
+        {
+            tracing::warn!("executions still recording their outcome at exit");
+        }
+    }
+
+    fn builder(&self) -> auto::Builder<TokioExecutor> {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.head_timeout);
+        builder
+    }
+}
+
+fn check_timeout(key: &str, timeout: Duration, max: Duration) -> Result<(), Error> {
+    if timeout.is_zero() || timeout > max {
+        return Err(Error::Config(format!(
+            "`{key}` must be more than 0 and at most {} s",
+            max.as_secs()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a body timeout of zero or above 30 s.
+pub(crate) fn check_body_timeout(timeout: Duration) -> Result<(), Error> {
+    check_timeout("body_timeout", timeout, MAX_BODY_TIMEOUT)
+}
+
+/// Three quarters of the file-descriptor limit: each connection holds one, and the process
+/// needs the rest (the listener, store connections, files).
+fn default_max_connections() -> usize {
+    let limit = fd_limit().unwrap_or(1 << 20).min(1 << 20);
+    usize::try_from(limit - limit / 4).unwrap_or(1).max(1)
+}
+
+#[cfg(unix)]
+fn fd_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+}
+
+#[cfg(not(unix))]
+fn fd_limit() -> Option<u64> {
+    None
+}
+
+/// A failed `accept`: the peer's own failures are skipped; others (out of file descriptors)
+/// are logged and retried after a pause rather than spinning.
+async fn accept_failed(error: &std::io::Error) {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    if matches!(
+        error.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    ) {
+        return;
+    }
+    tracing::error!(%error, "accepting a connection failed; retrying in 1 s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// One accepted connection and what it needs to be served.
+struct Connection {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    router: Router,
+    head_timeout: Duration,
+    idle_timeout: Duration,
+    close: CancellationToken,
+}
+
+impl Connection {
+    async fn serve(
+        self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        watcher: hyper_util::server::graceful::Watcher,
+    ) {
+        // Events of a stream are small writes: without TCP_NODELAY, Nagle's algorithm holds
+        // each one back until the previous is acknowledged.
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::warn!(%error, "could not set TCP_NODELAY");
+        }
+        let (activity, watched) = watch::channel(Activity::default());
+        let service = ConnectionService {
+            router: self.router,
+            peer,
+            activity: Arc::new(activity),
+        };
+        let connection = watcher.watch(
+            self.builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service),
+        );
+        tokio::select! {
+            result = connection => {
+                if let Err(error) = result {
+                    tracing::debug!(%peer, %error, "connection ended with an error");
+                }
+            }
+            () = expiry(watched, self.head_timeout, self.idle_timeout) => {
+                tracing::debug!(%peer, "connection closed: no request in time");
+            }
+            () = self.close.cancelled() => {}
+        }
+    }
+}
+
+/// The requests of one connection: how many are in flight, how many have started.
+#[derive(Debug, Clone, Copy, Default)]
+struct Activity {
+    in_flight: usize,
+    started: u64,
+}
+
+/// Resolves when the connection has had no request in flight for too long: the head timeout
+/// before its first request (this covers protocol detection, which has no timeout of its own),
+/// the idle timeout after.
+async fn expiry(mut activity: watch::Receiver<Activity>, head: Duration, idle: Duration) {
+    loop {
+        let Activity { in_flight, started } = *activity.borrow_and_update();
+        let changed = if in_flight == 0 {
+            let limit = if started == 0 { head } else { idle };
+            match tokio::time::timeout(limit, activity.changed()).await {
+                Ok(changed) => changed,
+                Err(_) => return,
+            }
+        } else {
+            activity.changed().await
+        };
+        if changed.is_err() {
+            // The connection dropped its service: it is ending by itself.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The router, for one connection: adds the peer address (`ConnectInfo`) and counts the
+/// requests in flight, each until its response body is done.
+#[derive(Clone)]
+struct ConnectionService {
+    router: Router,
+    peer: SocketAddr,
+    activity: Arc<watch::Sender<Activity>>,
+}
+
+type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+impl hyper::service::Service<Request<Incoming>> for ConnectionService {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn call(&self, mut request: Request<Incoming>) -> Self::Future {
+        request.extensions_mut().insert(ConnectInfo(self.peer));
+        let in_flight = InFlight::start(&self.activity);
+        let response = tower::ServiceExt::oneshot(self.router.clone(), request);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(response.map(|body| {
+                Body::new(body.map_frame(move |frame| {
+                    let _in_flight = &in_flight;
+                    frame
+                }))
+            }))
+        })
+    }
+}
+
+/// One request in flight on a connection, until dropped.
+struct InFlight(Arc<watch::Sender<Activity>>);
+
+impl InFlight {
+    fn start(activity: &Arc<watch::Sender<Activity>>) -> Self {
+        activity.send_modify(|activity| {
+            activity.in_flight += 1;
+            activity.started += 1;
+        });
+        InFlight(Arc::clone(activity))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|activity| activity.in_flight -= 1);
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM: the shutdown signal of
+/// [`App::serve`](crate::App::serve), for [`Server::serve`].
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_checked() {
+        assert!(Server::new().check().is_ok());
+        let too_long = Server::new().head_timeout(Duration::from_secs(16)).check();
+        assert!(
+            too_long
+                .unwrap_err()
+                .to_string()
+                .contains("`head_timeout` must be more than 0 and at most 15 s")
+        );
+        assert!(Server::new().idle_timeout(Duration::ZERO).check().is_err());
+        assert!(
+            Server::new()
+                .idle_timeout(Duration::from_secs(76))
+                .check()
+                .is_err()
+        );
+        assert!(Server::new().max_connections(0).check().is_err());
+        assert!(check_body_timeout(Duration::from_secs(31)).is_err());
+        assert!(check_body_timeout(Duration::from_secs(30)).is_ok());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_connection_cap_follows_the_file_descriptor_limit() {
+        let limit = fd_limit().expect("a finite limit");
+        let cap = default_max_connections() as u64;
+        assert!(cap < limit, "{cap} of {limit}");
+        assert!(cap >= limit / 2, "{cap} of {limit}");
+    }
+}

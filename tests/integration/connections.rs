@@ -1,0 +1,374 @@
+//! Connections over real loopback sockets: the head deadline (silent, trickling, a stalled
+//! HTTP/2 preface), the body deadline, idle connections, the connection cap, and whole server
+//! processes (`served`, a binary of this package) under a 1,024 file-descriptor limit and a
+//! real SIGTERM.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+
+use crate::tools::{self, Probe};
+
+/// Serves `app` on a free loopback port until the returned sender fires or drops.
+pub(crate) async fn serve(
+    app: carmy::App,
+) -> (
+    SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), carmy::Error>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.serve_with_shutdown(listener, async move {
+        let _ = stopped.await;
+    }));
+    (addr, stop, server)
+}
+
+/// How long until the server closes `stream` (reads return EOF or fail), up to `limit`.
+pub(crate) async fn closed_after(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let mut buffer = [0_u8; 1024];
+    tokio::time::timeout(limit, async {
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return start.elapsed(),
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .ok()
+}
+
+/// Sends `request` as raw bytes on a fresh connection and reads the answer to the end:
+/// its status and its body.
+pub(crate) async fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    parse_answer(&answer)
+}
+
+fn parse_answer(answer: &[u8]) -> (u16, String) {
+    let answer = String::from_utf8_lossy(answer);
+    let status = answer
+        .get(9..12)
+        .and_then(|status| status.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+const DISCOVERY: &[u8] = b"GET /.well-known/agent HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+
+#[tokio::test]
+async fn a_silent_connection_is_closed_at_the_head_timeout() {
+    let app = tools::app(&Probe::default()).head_timeout(Duration::from_secs(1));
+    let (addr, _stop, _server) = serve(app).await;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let closed = closed_after(&mut silent, Duration::from_secs(5)).await;
+    let closed = closed.expect("a silent connection is closed");
+    assert!(
+        closed >= Duration::from_millis(900) && closed < Duration::from_millis(1_800),
+        "{closed:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_trickled_head_is_cut_at_one_deadline() {
+    let app = tools::app(&Probe::default()).head_timeout(Duration::from_secs(1));
+    let (addr, _stop, _server) = serve(app).await;
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let start = Instant::now();
+    // One byte every 100 ms: each byte would reset a per-read timeout.
+    let trickle = tokio::spawn(async move {
+        for byte in b"GET /.well-known/agent HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+            if writer.write_all(&[*byte]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut buffer = [0_u8; 256];
+    let read = tokio::time::timeout(Duration::from_secs(5), reader.read(&mut buffer)).await;
+    let elapsed = start.elapsed();
+    trickle.abort();
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the trickling head is cut without an answer: {read:?}"
+    );
+    assert!(elapsed < Duration::from_millis(1_800), "{elapsed:?}");
+}
+
+#[tokio::test]
+async fn a_stalled_http2_preface_is_cut_at_the_head_timeout() {
+    let app = tools::app(&Probe::default()).head_timeout(Duration::from_secs(1));
+    let (addr, _stop, _server) = serve(app).await;
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    let closed = closed_after(&mut stream, Duration::from_secs(5)).await;
+    let closed = closed.expect("a stalled preface is closed");
+    assert!(closed < Duration::from_millis(1_800), "{closed:?}");
+}
+
+#[tokio::test]
+async fn a_stalled_body_is_a_json_408() {
+    let app = tools::app(&Probe::default()).body_timeout(Duration::from_secs(1));
+    let (addr, _stop, _server) = serve(app).await;
+    let start = Instant::now();
+    let (status, body) = tokio::time::timeout(
+        Duration::from_secs(5),
+        raw(
+            addr,
+            b"POST /agent/execute HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tool\":",
+        ),
+    )
+    .await
+    .expect("the stalled body is answered");
+    assert!(start.elapsed() < Duration::from_millis(1_800));
+    assert_eq!(status, 408, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "REQUEST_TIMEOUT");
+    assert_eq!(body["error"]["category"], "cancelled");
+    assert_eq!(body["error"]["retryable"], true);
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_at_the_idle_timeout() {
+    let app = tools::app(&Probe::default())
+        .head_timeout(Duration::from_secs(3))
+        .idle_timeout(Duration::from_secs(1));
+    let (addr, _stop, _server) = serve(app).await;
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /.well-known/agent HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buffer = [0_u8; 4096];
+    let read = stream.read(&mut buffer).await.unwrap();
+    assert!(buffer[..read].starts_with(b"HTTP/1.1 200"));
+    let closed = closed_after(&mut stream, Duration::from_secs(5)).await;
+    let closed = closed.expect("an idle keep-alive connection is closed");
+    assert!(
+        closed >= Duration::from_millis(800) && closed < Duration::from_millis(1_800),
+        "{closed:?}"
+    );
+}
+
+#[tokio::test]
+async fn at_the_connection_cap_a_client_waits_at_most_the_head_timeout() {
+    let app = tools::app(&Probe::default())
+        .head_timeout(Duration::from_secs(1))
+        .max_connections(50);
+    let (addr, _stop, _server) = serve(app).await;
+    let mut silent = Vec::new();
+    for _ in 0..50 {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let start = Instant::now();
+    let (status, _) = tokio::time::timeout(Duration::from_secs(5), raw(addr, DISCOVERY))
+        .await
+        .expect("the client is served once the silent connections time out");
+    let waited = start.elapsed();
+    assert_eq!(status, 200);
+    assert!(
+        waited >= Duration::from_millis(600) && waited < Duration::from_millis(1_800),
+        "the 51st connection waits for a slot, at most the head timeout: {waited:?}"
+    );
+}
+
+/// A `served` process; killed when dropped.
+struct Served {
+    addr: SocketAddr,
+    child: Child,
+}
+
+impl Served {
+    /// Starts `served` with `args` and `CARMY_*` settings, under `ulimit -n` when given, and
+    /// waits until it answers.
+    async fn start(args: &[&str], env: &[(&str, &str)], fd_limit: Option<u32>) -> Served {
+        let addr = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap()
+        };
+        let program = env!("CARGO_BIN_EXE_served");
+        let mut command = match fd_limit {
+            Some(limit) => {
+                let mut command = Command::new("sh");
+                command
+                    .arg("-c")
+                    .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+                    .arg(program);
+                command
+            }
+            None => Command::new(program),
+        };
+        command
+            .args(args)
+            .env("SERVED_ADDR", addr.to_string())
+            .env_remove("CARMY_CONFIG")
+            .env("RUST_LOG", "info")
+            .current_dir(std::env::temp_dir())
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let child = command.spawn().expect("the served binary starts");
+        let mut served = Served { addr, child };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Ok((200, _))) =
+                tokio::time::timeout(Duration::from_secs(1), try_raw(addr, DISCOVERY)).await
+            {
+                return served;
+            }
+            if let Ok(Some(status)) = served.child.try_wait() {
+                panic!("served exited before answering: {status}");
+            }
+            assert!(Instant::now() < deadline, "served never answered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends SIGTERM.
+    async fn terminate(&self) {
+        let pid = self.child.id().expect("running").to_string();
+        let status = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, up to `limit`; returns its stderr.
+    async fn exit(mut self, limit: Duration) -> Result<String, String> {
+        let mut stderr = self.child.stderr.take().expect("piped stderr");
+        let exited = tokio::time::timeout(limit, self.child.wait()).await;
+        let mut logs = String::new();
+        if exited.is_err() {
+            self.child.kill().await.unwrap();
+        }
+        stderr.read_to_string(&mut logs).await.unwrap();
+        match exited {
+            Ok(Ok(status)) if status.success() => Ok(logs),
+            _ => Err(logs),
+        }
+    }
+}
+
+async fn try_raw(addr: SocketAddr, request: &[u8]) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.write_all(request).await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    Ok(parse_answer(&answer))
+}
+
+#[tokio::test]
+async fn app_serve_serves_http_whatever_the_arguments_and_logs_its_tools() {
+    // `program mcp`: stdio is the program's own decision, never `App::serve`'s.
+    let served = Served::start(&["mcp"], &[], None).await;
+    let (status, body) = raw(served.addr, DISCOVERY).await;
+    assert_eq!(status, 200, "{body}");
+    served.terminate().await;
+    let logs = served.exit(Duration::from_secs(15)).await.unwrap();
+    assert!(logs.contains("serving 1 tools"), "{logs}");
+    assert!(logs.contains("tools=1"), "{logs}");
+    assert!(
+        !logs.contains('\u{1b}'),
+        "no ANSI codes when stderr is not a terminal: {logs:?}"
+    );
+}
+
+#[tokio::test]
+async fn silent_connections_cannot_lock_out_clients_at_1024_file_descriptors() {
+    let served = Served::start(
+        &[],
+        &[
+            ("CARMY_SERVER_HEAD_TIMEOUT_SECS", "1"),
+            ("RUST_LOG", "warn"),
+        ],
+        Some(1024),
+    )
+    .await;
+    let mut silent = Vec::new();
+    for _ in 0..1_100 {
+        silent.push(TcpStream::connect(served.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = Instant::now();
+    let (status, _) = tokio::time::timeout(Duration::from_secs(10), raw(served.addr, DISCOVERY))
+        .await
+        .expect("a well-behaved client is served despite 1,100 silent connections");
+    let waited = start.elapsed();
+    assert_eq!(status, 200);
+    assert!(
+        waited < Duration::from_millis(2_500),
+        "served within the head timeout and a margin: {waited:?}"
+    );
+    drop(silent);
+}
+
+#[tokio::test]
+async fn sigterm_ends_the_process_despite_a_stalled_client() {
+    let served = Served::start(&[], &[("CARMY_SERVER_SHUTDOWN_GRACE_SECS", "1")], None).await;
+    let mut stalled = TcpStream::connect(served.addr).await.unwrap();
+    stalled
+        .write_all(b"POST /agent/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = Instant::now();
+    served.terminate().await;
+    let logs = served.exit(Duration::from_secs(10)).await;
+    let elapsed = start.elapsed();
+    assert!(logs.is_ok(), "exits cleanly: {logs:?}");
+    assert!(
+        elapsed < Duration::from_millis(3_000),
+        "grace 1 s + closing margin: {elapsed:?}"
+    );
+}
+
+#[tokio::test]
+async fn app_serve_answers_every_unknown_path_with_json_but_hyper_answers_bad_heads_bare() {
+    let (addr, _stop, _server) = serve(tools::app(&Probe::default())).await;
+    let (status, body) = raw(
+        addr,
+        b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 404);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "ROUTE_NOT_FOUND");
+    // The documented exceptions: hyper's parser answers these itself, without a body.
+    let mut too_many_headers = b"GET / HTTP/1.1\r\n".to_vec();
+    for index in 0..101 {
+        too_many_headers.extend_from_slice(format!("X-{index}: 1\r\n").as_bytes());
+    }
+    too_many_headers.extend_from_slice(b"\r\n");
+    let mut long_uri = b"GET /".to_vec();
+    long_uri.extend_from_slice(&[b'a'; 70_000]);
+    long_uri.extend_from_slice(b" HTTP/1.1\r\nHost: x\r\n\r\n");
+    for (request, expected) in [
+        (too_many_headers, 431),
+        (long_uri, 414),
+        (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n".to_vec(), 400),
+    ] {
+        assert_eq!(raw(addr, &request).await, (expected, String::new()));
+    }
+}
