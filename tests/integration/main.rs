@@ -11,6 +11,7 @@ mod fuzz;
 mod idempotency;
 mod mcp;
 mod mcp_clients;
+mod memory_bound;
 mod protection;
 mod replicas;
 mod routes;

@@ -650,7 +650,7 @@ impl Runtime {
         let Some((key, _)) = &prepared.idempotency else {
             return;
         };
-        if let Err(error) = self.store.release(key).await {
+        if let Err(error) = self.store.release(key, &prepared.execution_id).await {
             tracing::error!(error = %error, "could not release the request_id");
         }
     }
