@@ -8,8 +8,10 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 mod proxy;
+mod redis_server;
 
 pub use proxy::Proxy;
+pub use redis_server::{Certificates, RedisServer, TempDir};
 
 /// An answer, read whole.
 #[derive(Debug)]

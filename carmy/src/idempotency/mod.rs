@@ -19,6 +19,8 @@ mod postgres;
 pub(crate) mod record;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod tls;
 
 use std::fmt;
 use std::sync::Arc;
@@ -202,9 +204,25 @@ impl Finish {
 
 /// A store failed (connection lost, timeout), or could not be opened. At request time it is
 /// answered as a retryable `503`, never by running the tool without a record.
-#[derive(Debug, thiserror::Error)]
-#[error("idempotency store error: {0}")]
+///
+/// Its message carries the whole chain of causes (a TLS handshake fails *because* the
+/// certificate names another host), so a log line of it says what went wrong.
+#[derive(Debug)]
 pub struct StoreError(pub Box<dyn std::error::Error + Send + Sync>);
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "idempotency store error: {}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StoreError {}
 
 impl StoreError {
     /// An error that is only a message (a record the store cannot read, a bad URL).

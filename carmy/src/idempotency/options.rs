@@ -59,7 +59,8 @@ impl StoreOptions {
     }
 
     /// Trusts the certificate authorities in `pem` (one or more PEM certificates) for TLS
-    /// connections, besides the platform's: for a server with a private CA.
+    /// connections, instead of the platform's: for a server with a private CA (URL:
+    /// `sslrootcert=PATH`, as libpq reads it).
     pub fn root_certificates_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.root_certificates = pem.into();
         self
@@ -68,24 +69,45 @@ impl StoreOptions {
     /// Takes carmy's own query parameters out of `url`: the URL the engine's client reads, and
     /// these options with the URL's values.
     pub(crate) fn from_url(mut self, url: &str) -> Result<(String, Self), StoreError> {
-        let Some((base, query)) = url.split_once('?') else {
-            return Ok((url.to_owned(), self));
-        };
-        let mut kept = Vec::new();
-        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let (url, params) =
+            take_params(url, &["acquire_timeout", "command_timeout", "sslrootcert"]);
+        for (name, value) in params {
             match name {
-                "acquire_timeout" => self.acquire_timeout = duration(name, value)?,
-                "command_timeout" => self.command_timeout = duration(name, value)?,
-                _ => kept.push(pair),
+                "acquire_timeout" => self.acquire_timeout = duration(name, &value)?,
+                "command_timeout" => self.command_timeout = duration(name, &value)?,
+                _ => {
+                    self.root_certificates = std::fs::read(&value).map_err(|error| {
+                        StoreError::message(format!(
+                            "`sslrootcert={value}` in the store URL: {error}"
+                        ))
+                    })?;
+                }
             }
         }
-        Ok(if kept.is_empty() {
-            (base.to_owned(), self)
-        } else {
-            (format!("{base}?{}", kept.join("&")), self)
-        })
+        Ok((url, self))
     }
+}
+
+/// Takes the query parameters named `names` out of `url`: the URL without them, and their
+/// values (the last of each wins when they are applied in order).
+pub(crate) fn take_params<'n>(url: &str, names: &[&'n str]) -> (String, Vec<(&'n str, String)>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), Vec::new());
+    };
+    let (mut kept, mut taken) = (Vec::new(), Vec::new());
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match names.iter().find(|wanted| **wanted == name) {
+            Some(wanted) => taken.push((*wanted, value.to_owned())),
+            None => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    (url, taken)
 }
 
 /// `500ms` or `2s`, more than zero.

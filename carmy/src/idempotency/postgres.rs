@@ -8,8 +8,12 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures_util::future::BoxFuture;
 use tokio_postgres::NoTls;
+use tokio_postgres::config::SslMode;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::options::take_params;
 use super::record::{Cleanup, Found, Stored, reserve_within, within};
+use super::tls;
 use super::{
     Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoreError, StoreOptions,
 };
@@ -116,6 +120,11 @@ fn millis(duration: Duration) -> i64 {
 impl PostgresStore {
     /// Connects to the database at `url` (`postgres://user@host:port/db`), applies the
     /// migrations, and starts the periodic cleanup. Fails if the database cannot be reached.
+    ///
+    /// TLS follows libpq's `sslmode`, with rustls: `disable` and `prefer` (the default) do not
+    /// encrypt; `require` encrypts without checking the certificate; `verify-full` (and
+    /// `verify-ca`, which rustls checks as strictly) checks the certificate and the host name
+    /// against the platform's root certificates, or those of `sslrootcert=PATH`.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Self::connect_with(url, StoreOptions::new()).await
     }
@@ -136,17 +145,34 @@ impl PostgresStore {
         interval: Duration,
     ) -> Result<Self, StoreError> {
         let (url, options) = options.from_url(url)?;
+        let (url, mode) = take_params(&url, &["sslmode"]);
+        let mode = mode.last().map_or("prefer", |(_, mode)| mode.as_str());
         let mut config = tokio_postgres::Config::from_str(&url).map_err(failed)?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(options.acquire_timeout);
         }
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match mode {
+            "disable" | "allow" | "prefer" => Manager::from_config(config, NoTls, manager_config),
+            "require" => {
+                config.ssl_mode(SslMode::Require);
+                let tls = MakeRustlsConnect::new(tls::encrypted_only()?);
+                Manager::from_config(config, tls, manager_config)
+            }
+            "verify-ca" | "verify-full" => {
+                config.ssl_mode(SslMode::Require);
+                let tls = MakeRustlsConnect::new(tls::verified(&options.root_certificates)?);
+                Manager::from_config(config, tls, manager_config)
+            }
+            other => {
+                return Err(StoreError::message(format!(
+                    "`sslmode={other}` in the store URL: expected disable, prefer, require, \
+                     verify-ca or verify-full"
+                )));
+            }
+        };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Script};
+use redis::{ConnectionAddr, IntoConnectionInfo, RedisError, Script};
 
 use super::record::{Found, Stored, reserve_within, within};
 use super::{
@@ -123,8 +123,24 @@ pub(crate) async fn open(
     Ok((connection, options))
 }
 
+/// A client for `url`; over TLS (`rediss://`), with rustls trusting `options`' root
+/// certificates, or the platform's.
 fn client(url: &str, options: &StoreOptions) -> Result<redis::Client, StoreError> {
-    redis::Client::open(url).map_err(failed)
+    let info = url.into_connection_info().map_err(failed)?;
+    if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+        return redis::Client::open(info).map_err(failed);
+    }
+    super::tls::provider();
+    let root_cert =
+        (!options.root_certificates.is_empty()).then(|| options.root_certificates.clone());
+    redis::Client::build_with_tls(
+        info,
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert,
+        },
+    )
+    .map_err(failed)
 }
 
 /// Warns when the server keeps nothing across a restart (no append-only file, no snapshots):
