@@ -186,8 +186,7 @@ async fn redis_over_tls_with_a_private_ca() {
             .command_timeout(Duration::from_secs(2)),
     )
     .await
-    .err()
-    .expect("a certificate from an unknown CA was accepted");
+    .expect_err("a certificate from an unknown CA was accepted");
     let message = refused.to_string();
     assert!(message.contains("UnknownIssuer"), "{message}");
 }

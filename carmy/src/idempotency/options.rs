@@ -68,7 +68,7 @@ impl StoreOptions {
 
     /// Takes carmy's own query parameters out of `url`: the URL the engine's client reads, and
     /// these options with the URL's values.
-    pub(crate) fn from_url(mut self, url: &str) -> Result<(String, Self), StoreError> {
+    pub(crate) fn with_url(mut self, url: &str) -> Result<(String, Self), StoreError> {
         let (url, params) =
             take_params(url, &["acquire_timeout", "command_timeout", "sslrootcert"]);
         for (name, value) in params {
@@ -135,13 +135,13 @@ mod tests {
     #[test]
     fn carmy_parameters_leave_the_url_and_others_stay() {
         let (url, options) = StoreOptions::new()
-            .from_url("postgres://u@h/db?sslmode=require&command_timeout=250ms&acquire_timeout=2s")
+            .with_url("postgres://u@h/db?sslmode=require&command_timeout=250ms&acquire_timeout=2s")
             .unwrap();
         assert_eq!(url, "postgres://u@h/db?sslmode=require");
         assert_eq!(options.command_timeout, Duration::from_millis(250));
         assert_eq!(options.acquire_timeout, Duration::from_secs(2));
         let (url, options) = StoreOptions::new()
-            .from_url("redis://h:1/0?command_timeout=1s")
+            .with_url("redis://h:1/0?command_timeout=1s")
             .unwrap();
         assert_eq!(url, "redis://h:1/0");
         assert_eq!(options.acquire_timeout, DEFAULT_TIMEOUT);
@@ -151,7 +151,7 @@ mod tests {
             "acquire_timeout=soon",
         ] {
             let error = StoreOptions::new()
-                .from_url(&format!("redis://h?{bad}"))
+                .with_url(&format!("redis://h?{bad}"))
                 .unwrap_err();
             assert!(error.to_string().contains("expected a duration"), "{error}");
         }

@@ -144,7 +144,7 @@ impl PostgresStore {
         options: StoreOptions,
         interval: Duration,
     ) -> Result<Self, StoreError> {
-        let (url, options) = options.from_url(url)?;
+        let (url, options) = options.with_url(url)?;
         let (url, mode) = take_params(&url, &["sslmode"]);
         let mode = mode.last().map_or("prefer", |(_, mode)| mode.as_str());
         let mut config = tokio_postgres::Config::from_str(&url).map_err(failed)?;

@@ -108,7 +108,7 @@ pub(crate) async fn open(
     url: &str,
     options: &StoreOptions,
 ) -> Result<(ConnectionManager, StoreOptions), StoreError> {
-    let (url, options) = options.clone().from_url(url)?;
+    let (url, options) = options.clone().with_url(url)?;
     let client = client(&url, &options)?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(options.acquire_timeout))
