@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use super::StoreError;
 
 /// The default of both time limits: a stalled store is reported well before a client gives up.
@@ -68,6 +69,7 @@ impl StoreOptions {
 
     /// Takes carmy's own query parameters out of `url`: the URL the engine's client reads, and
     /// these options with the URL's values.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
     pub(crate) fn with_url(mut self, url: &str) -> Result<(String, Self), StoreError> {
         let (url, params) =
             take_params(url, &["acquire_timeout", "command_timeout", "sslrootcert"]);
@@ -90,6 +92,7 @@ impl StoreOptions {
 
 /// Takes the query parameters named `names` out of `url`: the URL without them, and their
 /// values (the last of each wins when they are applied in order).
+#[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) fn take_params<'n>(url: &str, names: &[&'n str]) -> (String, Vec<(&'n str, String)>) {
     let Some((base, query)) = url.split_once('?') else {
         return (url.to_owned(), Vec::new());
@@ -111,6 +114,7 @@ pub(crate) fn take_params<'n>(url: &str, names: &[&'n str]) -> (String, Vec<(&'n
 }
 
 /// `500ms` or `2s`, more than zero.
+#[cfg(any(feature = "postgres", feature = "redis"))]
 fn duration(name: &str, value: &str) -> Result<Duration, StoreError> {
     let parsed = if let Some(millis) = value.strip_suffix("ms") {
         millis.parse().ok().map(Duration::from_millis)
@@ -128,7 +132,7 @@ fn duration(name: &str, value: &str) -> Result<Duration, StoreError> {
         })
 }
 
-#[cfg(test)]
+#[cfg(all(test, any(feature = "postgres", feature = "redis")))]
 mod tests {
     use super::*;
 
