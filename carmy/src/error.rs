@@ -77,6 +77,14 @@ pub enum Error {
     /// The configuration (`carmy.toml` or a `CARMY_*` variable) is wrong.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A shared service (the Redis rate limiter) could not be reached or set up.
+    #[error("{service} is unavailable: {source}")]
+    Unavailable {
+        /// What could not be reached.
+        service: &'static str,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Serving failed (binding the address, accepting connections).
     #[error("serving failed: {0}")]
     Io(#[from] std::io::Error),

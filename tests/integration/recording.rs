@@ -66,8 +66,12 @@ impl IdempotencyStore for Failing {
         self.inner.finish(key, finish, ttl)
     }
 
-    fn release<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.inner.release(key)
+    fn release<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.release(key, execution_id)
     }
 
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>> {

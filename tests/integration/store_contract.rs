@@ -100,7 +100,7 @@ pub(crate) async fn lifecycle(store: &dyn IdempotencyStore) {
         reserve(store, &released, &fp, "exec_8").await,
         Reservation::Reserved
     ));
-    store.release(&released).await.unwrap();
+    store.release(&released, "exec_8").await.unwrap();
     assert!(matches!(
         reserve(store, &released, &fp, "exec_9").await,
         Reservation::Reserved
@@ -147,7 +147,7 @@ pub(crate) async fn lifecycle(store: &dyn IdempotencyStore) {
         other => panic!("expected uncertain, got {other:?}"),
     }
     // The host clears an uncertain record once it knows what happened.
-    store.release(&uncertain).await.unwrap();
+    store.release(&uncertain, "exec_u").await.unwrap();
     assert!(matches!(
         reserve(store, &uncertain, &fp, "exec_w").await,
         Reservation::Reserved
@@ -292,6 +292,81 @@ pub(crate) async fn lease_expiry<F: std::future::Future<Output = ()>>(
     }
 }
 
+/// A running record lives until its lease, however short the ttl: a duplicate waits for the
+/// execution, it never runs a second time.
+pub(crate) async fn running_outlives_its_ttl<F: std::future::Future<Output = ()>>(
+    store: &dyn IdempotencyStore,
+    ttl: Duration,
+    advance: impl Fn(Duration) -> F,
+) {
+    let (k, fp) = (key("outlives"), fingerprint("t", 1));
+    assert!(matches!(
+        store
+            .reserve(&k, &fp, &Arc::from("exec_long"), LEASE, ttl)
+            .await
+            .unwrap(),
+        Reservation::Reserved
+    ));
+    advance(ttl + Duration::from_millis(100)).await;
+    match store
+        .reserve(&k, &fp, &Arc::from("exec_2"), LEASE, ttl)
+        .await
+        .unwrap()
+    {
+        Reservation::Running { .. } => {}
+        other => panic!("a running record expired at its ttl: {other:?}"),
+    }
+    store
+        .finish(&k, Finish::Response(response("exec_long")), ttl)
+        .await
+        .unwrap();
+    match store
+        .reserve(&k, &fp, &Arc::from("exec_3"), LEASE, ttl)
+        .await
+        .unwrap()
+    {
+        Reservation::Finished(stored) => assert_eq!(stored, response("exec_long")),
+        other => panic!("expected the outcome, got {other:?}"),
+    }
+}
+
+/// `release` is fenced by the execution id: an execution whose record was taken over (its
+/// lease passed, the record expired, another execution claimed the key) frees nothing.
+pub(crate) async fn release_is_fenced<F: std::future::Future<Output = ()>>(
+    store: &dyn IdempotencyStore,
+    lease: Duration,
+    advance: impl Fn(Duration) -> F,
+) {
+    let (k, fp) = (key("fenced"), fingerprint("t", 1));
+    assert!(matches!(
+        store
+            .reserve(&k, &fp, &Arc::from("exec_old"), lease, lease)
+            .await
+            .unwrap(),
+        Reservation::Reserved
+    ));
+    advance(2 * lease + Duration::from_millis(100)).await;
+    assert!(
+        matches!(
+            reserve(store, &k, &fp, "exec_new").await,
+            Reservation::Reserved
+        ),
+        "the lapsed record was taken over"
+    );
+    // The old execution, late, lets go of what it no longer holds: nothing happens.
+    store.release(&k, "exec_old").await.unwrap();
+    match reserve(store, &k, &fp, "exec_3").await {
+        Reservation::Running { .. } => {}
+        other => panic!("the old owner released the new owner's record: {other:?}"),
+    }
+    // Its owner does release it.
+    store.release(&k, "exec_new").await.unwrap();
+    assert!(matches!(
+        reserve(store, &k, &fp, "exec_4").await,
+        Reservation::Reserved
+    ));
+}
+
 /// Concurrent reservations of one key: exactly one wins.
 pub(crate) async fn one_winner(store: Arc<dyn IdempotencyStore>, contenders: usize) {
     let barrier = Arc::new(tokio::sync::Barrier::new(contenders));
@@ -346,6 +421,26 @@ async fn memory_expiry() {
 #[tokio::test(start_paused = true)]
 async fn memory_lease_expiry() {
     lease_expiry(
+        &MemoryStore::new(),
+        Duration::from_secs(30),
+        tokio::time::advance,
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_running_outlives_its_ttl() {
+    running_outlives_its_ttl(
+        &MemoryStore::new(),
+        Duration::from_secs(1),
+        tokio::time::advance,
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_release_is_fenced() {
+    release_is_fenced(
         &MemoryStore::new(),
         Duration::from_secs(30),
         tokio::time::advance,
@@ -418,6 +513,79 @@ async fn memory_store_evicts_the_oldest_finished_records_first_never_a_running_o
     }
 }
 
+#[tokio::test]
+async fn memory_store_is_bounded_by_bytes_and_never_evicts_a_running_record() {
+    const BUDGET: usize = 64 * 1024;
+    let store = MemoryStore::with_limits(1_000, BUDGET);
+    let fp = fingerprint("t", 1);
+    let large = |id: &str| StoredResponse {
+        body: Bytes::from(vec![b'x'; 10 * 1024]),
+        ..response(id)
+    };
+    for index in 0..20 {
+        let id = format!("big-{index}");
+        assert!(matches!(
+            reserve(&store, &key(&id), &fp, &id).await,
+            Reservation::Reserved
+        ));
+        store
+            .finish(&key(&id), Finish::Response(large(&id)), TTL)
+            .await
+            .unwrap();
+        assert!(store.bytes() <= BUDGET, "{} bytes", store.bytes());
+    }
+    // The oldest finished answers made room; the newest is kept.
+    assert!(matches!(
+        reserve(&store, &key("big-0"), &fp, "again").await,
+        Reservation::Reserved
+    ));
+    assert!(matches!(
+        reserve(&store, &key("big-19"), &fp, "again").await,
+        Reservation::Finished(_)
+    ));
+    // Running records are never evicted: once only they remain, the store is full.
+    let mut running = Vec::new();
+    let full = loop {
+        let id = format!("running-{}-{}", running.len(), "r".repeat(1024));
+        match reserve(&store, &key(&id), &fp, &id).await {
+            Reservation::Reserved => running.push(id),
+            Reservation::Full => break true,
+            other => panic!("unexpected {other:?}"),
+        }
+        if running.len() > 1_000 {
+            break false;
+        }
+    };
+    assert!(full, "the byte budget never filled");
+    assert!(store.bytes() <= BUDGET);
+    for id in &running {
+        assert!(
+            matches!(
+                reserve(&store, &key(id), &fp, "dup").await,
+                Reservation::Running { .. }
+            ),
+            "{id} was evicted"
+        );
+    }
+    // An answer larger than the whole budget is not kept; the record says the call happened.
+    let store = MemoryStore::with_limits(1_000, BUDGET);
+    let huge = key("huge");
+    reserve(&store, &huge, &fp, "exec_huge").await;
+    let answer = StoredResponse {
+        body: Bytes::from(vec![b'x'; 2 * BUDGET]),
+        ..response("exec_huge")
+    };
+    store
+        .finish(&huge, Finish::Response(answer), TTL)
+        .await
+        .unwrap();
+    assert!(store.bytes() <= BUDGET);
+    match reserve(&store, &huge, &fp, "exec_retry").await {
+        Reservation::Uncertain { execution_id } => assert_eq!(&*execution_id, "exec_huge"),
+        other => panic!("expected uncertain, got {other:?}"),
+    }
+}
+
 // ---- the file store ----
 
 /// A store file of this run, deleted when dropped.
@@ -469,6 +637,18 @@ async fn file_expiry() {
 async fn file_lease_expiry() {
     let file = TempFile::new("lease");
     lease_expiry(&file_store(&file).await, Duration::from_millis(300), sleep).await;
+}
+
+#[tokio::test]
+async fn file_running_outlives_its_ttl() {
+    let file = TempFile::new("outlives");
+    running_outlives_its_ttl(&file_store(&file).await, Duration::from_millis(300), sleep).await;
+}
+
+#[tokio::test]
+async fn file_release_is_fenced() {
+    let file = TempFile::new("fenced");
+    release_is_fenced(&file_store(&file).await, Duration::from_millis(300), sleep).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,6 +722,22 @@ async fn postgres_lease_expiry() {
         return;
     };
     lease_expiry(&store, Duration::from_millis(300), sleep).await;
+}
+
+#[tokio::test]
+async fn postgres_running_outlives_its_ttl() {
+    let Some(store) = postgres_store().await else {
+        return;
+    };
+    running_outlives_its_ttl(&store, Duration::from_millis(300), sleep).await;
+}
+
+#[tokio::test]
+async fn postgres_release_is_fenced() {
+    let Some(store) = postgres_store().await else {
+        return;
+    };
+    release_is_fenced(&store, Duration::from_millis(300), sleep).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -669,6 +865,22 @@ async fn redis_lease_expiry() {
         return;
     };
     lease_expiry(&store, Duration::from_millis(300), sleep).await;
+}
+
+#[tokio::test]
+async fn redis_running_outlives_its_ttl() {
+    let Some(store) = redis_store().await else {
+        return;
+    };
+    running_outlives_its_ttl(&store, Duration::from_millis(300), sleep).await;
+}
+
+#[tokio::test]
+async fn redis_release_is_fenced() {
+    let Some(store) = redis_store().await else {
+        return;
+    };
+    release_is_fenced(&store, Duration::from_millis(300), sleep).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,14 +1,49 @@
 //! A shared store that cannot be reached: at start-up it is an error; later, every call with a
 //! `request_id` answers a retryable `503 IDEMPOTENCY_UNAVAILABLE` and the tool does not run
-//! (never a silent fallback that could run a write twice).
+//! (never a silent fallback that could run a write twice). A store that stalls (answers
+//! nothing, connections open) is the same within its command timeout, and a claim it applies
+//! once it resumes is undone: the tool never runs for a call that was refused.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use carmy_tests::{Proxy, execute, run_id, server_url};
+use carmy::TrustLevel;
+use carmy::idempotency::StoreOptions;
+use carmy::protection::{RateLimit, RedisRateLimiter};
+use carmy_tests::{Answer, Proxy, execute, run_id, server_url};
 use serde_json::json;
 
 use crate::tools::{self, Probe};
+
+/// The time limits of the stalled stores; a call must be answered well within twice that.
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+fn quick() -> StoreOptions {
+    StoreOptions::new()
+        .acquire_timeout(TIMEOUT)
+        .command_timeout(TIMEOUT)
+}
+
+/// Sends `call` while the store is stalled: answered, quickly, with a retryable 503 `code`.
+async fn refused_in_time(router: &axum::Router, call: &serde_json::Value, code: &str) -> Answer {
+    let started = Instant::now();
+    let refused = tokio::time::timeout(Duration::from_secs(10), execute(router, call))
+        .await
+        .expect("a call is answered while the store is stalled");
+    let waited = started.elapsed();
+    assert!(waited < 3 * TIMEOUT, "answered after {waited:?}");
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        refused.body
+    );
+    assert_eq!(refused.json()["error"]["code"], code);
+    assert_eq!(refused.json()["error"]["retryable"], true);
+    assert!(refused.header("retry-after").is_some());
+    refused
+}
 
 /// The `host:port` of a `scheme://[user@]host:port/…` URL, and the URL with another one.
 fn split_authority(url: &str) -> (SocketAddr, impl Fn(SocketAddr) -> String) {
@@ -74,6 +109,107 @@ async fn redis_going_away_answers_503_idempotency_unavailable() {
         return;
     };
     an_outage_after_start_up_is_503(&url).await;
+}
+
+async fn a_stall_is_503_in_time_and_the_call_never_runs(url: &str) {
+    let (target, with_authority) = split_authority(url);
+    let proxy = Proxy::start(target).await;
+    let store = carmy::idempotency::connect_with(&with_authority(proxy.addr), quick())
+        .await
+        .expect("the store is reachable at start-up");
+    let probe = Probe::default();
+    let router = tools::app(&probe)
+        .idempotency_store(store)
+        .router()
+        .unwrap();
+    let call = |request_id: &str| json!({ "tool": "count", "arguments": { "text": "a" }, "request_id": format!("{}-stall-{request_id}", run_id()) });
+    assert_eq!(
+        execute(&router, &call("before")).await.status,
+        StatusCode::OK
+    );
+
+    proxy.pause();
+    refused_in_time(&router, &call("stalled"), "IDEMPOTENCY_UNAVAILABLE").await;
+    proxy.resume();
+    // The store now applies the claim it held; it is undone, and nothing runs.
+    tokio::time::sleep(4 * TIMEOUT).await;
+    assert_eq!(
+        probe.runs(),
+        1,
+        "the refused call ran once the store came back"
+    );
+
+    // A retry runs it, once.
+    let retried = execute(&router, &call("stalled")).await;
+    assert_eq!(retried.status, StatusCode::OK, "{:?}", retried.body);
+    assert_eq!(probe.runs(), 2);
+}
+
+#[tokio::test]
+async fn a_stalled_postgres_is_503_in_time_and_the_call_never_runs() {
+    let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
+        return;
+    };
+    a_stall_is_503_in_time_and_the_call_never_runs(&url).await;
+}
+
+#[tokio::test]
+async fn a_stalled_redis_is_503_in_time_and_the_call_never_runs() {
+    let Some(url) = server_url("CARMY_TEST_REDIS_URL") else {
+        return;
+    };
+    a_stall_is_503_in_time_and_the_call_never_runs(&url).await;
+}
+
+#[tokio::test]
+async fn time_limits_can_be_set_in_the_store_url() {
+    let Some(url) = server_url("CARMY_TEST_REDIS_URL") else {
+        return;
+    };
+    let (target, with_authority) = split_authority(&url);
+    let proxy = Proxy::start(target).await;
+    let store = carmy::idempotency::connect(&format!(
+        "{}?command_timeout=500ms&acquire_timeout=500ms",
+        with_authority(proxy.addr)
+    ))
+    .await
+    .expect("the store is reachable at start-up");
+    let router = tools::app(&Probe::default())
+        .idempotency_store(store)
+        .router()
+        .unwrap();
+    proxy.pause();
+    let call = json!({ "tool": "count", "arguments": { "text": "a" }, "request_id": format!("{}-url", run_id()) });
+    refused_in_time(&router, &call, "IDEMPOTENCY_UNAVAILABLE").await;
+}
+
+#[tokio::test]
+async fn a_stalled_redis_rate_limiter_is_503_in_time() {
+    let Some(url) = server_url("CARMY_TEST_REDIS_URL") else {
+        return;
+    };
+    let (target, with_authority) = split_authority(&url);
+    let proxy = Proxy::start(target).await;
+    let limiter = RedisRateLimiter::connect_with(&with_authority(proxy.addr), quick())
+        .await
+        .expect("the limiter is reachable at start-up");
+    let probe = Probe::default();
+    let router = tools::app(&probe)
+        .rate_limit(
+            TrustLevel::Anonymous,
+            RateLimit {
+                requests: 1_000,
+                window: Duration::from_secs(60),
+            },
+        )
+        .rate_limiter(limiter)
+        .router()
+        .unwrap();
+    let call = json!({ "tool": "count", "arguments": { "text": "a" } });
+    assert_eq!(execute(&router, &call).await.status, StatusCode::OK);
+    proxy.pause();
+    refused_in_time(&router, &call, "RATE_LIMITER_UNAVAILABLE").await;
+    assert_eq!(probe.runs(), 1);
 }
 
 #[tokio::test]

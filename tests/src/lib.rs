@@ -7,6 +7,12 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
 
+mod proxy;
+mod redis_server;
+
+pub use proxy::Proxy;
+pub use redis_server::{Certificates, RedisServer, TempDir};
+
 /// An answer, read whole.
 #[derive(Debug)]
 pub struct Answer {
@@ -260,38 +266,4 @@ pub fn run_id() -> &'static str {
             .map_or(0, |since| since.as_nanos());
         format!("run{}x{nanos}", std::process::id())
     })
-}
-
-/// A TCP proxy on a loopback port to `target`, for cutting a store off mid-test.
-#[derive(Debug)]
-pub struct Proxy {
-    pub addr: std::net::SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    /// Forwards every connection made to [`Proxy::addr`] to `target`.
-    pub async fn start(target: std::net::SocketAddr) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let addr = listener.local_addr().expect("bound address");
-        let task = tokio::spawn(async move {
-            let mut connections = tokio::task::JoinSet::new();
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                connections.spawn(async move {
-                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-            }
-        });
-        Proxy { addr, task }
-    }
-
-    /// Closes the port and every connection through it: the store is gone.
-    pub async fn close(self) {
-        self.task.abort();
-        let _ = self.task.await;
-    }
 }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{IdempotencyStore, MemoryStore, StoreError};
+use super::{IdempotencyStore, MemoryStore, StoreError, StoreOptions};
 
 /// The environment variable [`connect_from_env`] reads.
 pub const IDEMPOTENCY_URL_VAR: &str = "CARMY_IDEMPOTENCY_URL";
@@ -16,8 +16,17 @@ pub const IDEMPOTENCY_URL_VAR: &str = "CARMY_IDEMPOTENCY_URL";
 /// - `file:PATH`: [`FileStore`](super::FileStore) (feature `file`);
 /// - `memory:`: a [`MemoryStore`].
 ///
-/// An unknown scheme, or one whose feature is not enabled, is an error.
+/// An unknown scheme, or one whose feature is not enabled, is an error. Shared stores take
+/// carmy's query parameters `acquire_timeout` and `command_timeout` (see [`StoreOptions`]).
 pub async fn connect(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+    connect_with(url, StoreOptions::new()).await
+}
+
+/// [`connect`] with the time limits and certificates of `options` (the URL's parameters win).
+pub async fn connect_with(
+    url: &str,
+    options: StoreOptions,
+) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
     let Some((scheme, rest)) = url.split_once(':') else {
         return Err(StoreError::message(format!(
             "`{url}` is not a store URL: expected postgres://…, redis://…, file:PATH or memory:"
@@ -25,8 +34,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError>
     };
     match scheme.to_ascii_lowercase().as_str() {
         "memory" => Ok(Arc::new(MemoryStore::new())),
-        "postgres" | "postgresql" => open_postgres(url).await,
-        "redis" | "rediss" => open_redis(url).await,
+        "postgres" | "postgresql" => open_postgres(url, options).await,
+        "redis" | "rediss" => open_redis(url, options).await,
         "file" => open_file(rest).await,
         other => Err(StoreError::message(format!(
             "unknown idempotency store scheme `{other}`: expected postgres, postgresql, redis, \
@@ -54,22 +63,35 @@ fn feature_disabled(feature: &str, url: &str) -> StoreError {
 }
 
 #[cfg(feature = "postgres")]
-async fn open_postgres(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
-    Ok(Arc::new(super::PostgresStore::connect(url).await?))
+async fn open_postgres(
+    url: &str,
+    options: StoreOptions,
+) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+    Ok(Arc::new(
+        super::PostgresStore::connect_with(url, options).await?,
+    ))
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+async fn open_postgres(
+    url: &str,
+    _: StoreOptions,
+) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
     Err(feature_disabled("postgres", url))
 }
 
 #[cfg(feature = "redis")]
-async fn open_redis(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
-    Ok(Arc::new(super::RedisStore::connect(url).await?))
+async fn open_redis(
+    url: &str,
+    options: StoreOptions,
+) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+    Ok(Arc::new(
+        super::RedisStore::connect_with(url, options).await?,
+    ))
 }
 
 #[cfg(not(feature = "redis"))]
-async fn open_redis(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+async fn open_redis(url: &str, _: StoreOptions) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
     Err(feature_disabled("redis", url))
 }
 

@@ -264,14 +264,16 @@ impl IdempotencyStore for FileStore {
                 };
                 return found.reservation(&fingerprint);
             }
+            let lease_until = now.saturating_add(millis(lease));
             let record = Record {
                 tool: fingerprint.tool.to_string(),
                 digest: fingerprint.digest.to_vec(),
                 execution_id,
                 state: RUNNING.to_owned(),
                 reserved_at: now,
-                lease_until: now.saturating_add(millis(lease)),
-                expires_at: now.saturating_add(millis(ttl)),
+                lease_until,
+                // A running record lives until its lease, whatever the ttl; then uncertain.
+                expires_at: lease_until.saturating_add(millis(ttl)),
                 response: None,
             };
             table
@@ -307,12 +309,17 @@ impl IdempotencyStore for FileStore {
         }))
     }
 
-    fn release<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<(), StoreError>> {
-        let key = key.clone();
+    fn release<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (key, execution_id) = (key.clone(), execution_id.to_owned());
         Box::pin(self.write(move |table| {
-            table
-                .remove((key.caller(), key.request_id()))
-                .map_err(failed)?;
+            let index = (key.caller(), key.request_id());
+            if read(table, index)?.is_some_and(|record| record.execution_id == execution_id) {
+                table.remove(index).map_err(failed)?;
+            }
             Ok(())
         }))
     }

@@ -16,6 +16,10 @@ use super::{
 
 /// Records kept by default before the oldest finished ones are evicted.
 const DEFAULT_CAPACITY: usize = 100_000;
+/// Bytes of records (mostly recorded answers) kept by default.
+const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
+/// Shards hold at least this many bytes, so one shard keeps a large answer.
+const MIN_SHARD_BYTES: usize = 4 * 1024 * 1024;
 /// Shards hold at most this many records, so a lock covers a small map: 7/8 of 4,096, the most
 /// a hash table of 4,096 buckets holds before it doubles.
 const RECORDS_PER_SHARD: usize = 3_584;
@@ -24,18 +28,30 @@ const MAX_SHARDS: usize = 64;
 /// Idempotency records in this process's memory: zero setup, lost on restart, private to one
 /// replica (use a shared store when running several).
 ///
-/// Bounded: when full it evicts the oldest finished records first and never a running one;
-/// when only running ones remain, a new reservation is refused (`IDEMPOTENCY_CAPACITY`).
-/// Records live in independently locked shards, so concurrent calls rarely contend.
+/// Bounded by a number of records and by the bytes they take (recorded answers, keys, ids):
+/// when full it evicts the oldest finished records first and never a running one; when only
+/// running ones remain, a new reservation is refused (`IDEMPOTENCY_CAPACITY`). Records live in
+/// independently locked shards, so concurrent calls rarely contend; each shard holds an equal
+/// part of both bounds, and an answer larger than a shard's part is not kept: the record turns
+/// uncertain (a retry gets `EXECUTION_UNCERTAIN`, never a second run).
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    shard_capacity: usize,
+    limits: Limits,
     hasher: RandomState,
+}
+
+/// One shard's part of the store's bounds.
+#[derive(Clone, Copy)]
+struct Limits {
+    records: usize,
+    bytes: usize,
 }
 
 #[derive(Default)]
 struct Shard {
     records: HashMap<IdempotencyKey, Record>,
+    /// The sum of the records' [`weight`]s.
+    bytes: usize,
     /// Finished records, oldest first, as (key, generation); entries whose record has since
     /// changed are skipped.
     finished: VecDeque<(IdempotencyKey, u64)>,
@@ -53,6 +69,8 @@ struct Record {
     state: State,
     expires_at: Instant,
     generation: u64,
+    /// What the record takes in memory, as [`weight`] counts it.
+    bytes: usize,
 }
 
 /// What a reservation asks for.
@@ -86,40 +104,65 @@ impl std::fmt::Debug for MemoryStore {
             .field("shards", &self.shards.len())
             .field("capacity", &self.capacity())
             .field("len", &self.len())
+            .field("max_bytes", &self.max_bytes())
+            .field("bytes", &self.bytes())
             .finish()
     }
 }
 
 impl MemoryStore {
-    /// A store that keeps up to 100,000 records.
+    /// A store that keeps up to 100,000 records and 64 MiB.
     pub fn new() -> Self {
-        Self::with_capacity(DEFAULT_CAPACITY)
+        Self::with_limits(DEFAULT_CAPACITY, DEFAULT_MAX_BYTES)
     }
 
-    /// A store that keeps up to about `capacity` records (at least one). The capacity is split
-    /// evenly among the shards, so eviction can start in a busy shard a little before the whole
-    /// store is full.
+    /// A store that keeps up to about `capacity` records (at least one) and 64 MiB.
     pub fn with_capacity(capacity: usize) -> Self {
+        Self::with_limits(capacity, DEFAULT_MAX_BYTES)
+    }
+
+    /// A store that keeps up to about `capacity` records (at least one) taking up to about
+    /// `max_bytes`. Both are split evenly among the shards, so eviction can start in a busy
+    /// shard a little before the whole store is full.
+    pub fn with_limits(capacity: usize, max_bytes: usize) -> Self {
         let capacity = capacity.max(1);
-        let shard_count = capacity.div_ceil(RECORDS_PER_SHARD).clamp(1, MAX_SHARDS);
-        let shard_capacity = capacity.div_ceil(shard_count);
+        let shard_count = capacity
+            .div_ceil(RECORDS_PER_SHARD)
+            .min(max_bytes / MIN_SHARD_BYTES)
+            .clamp(1, MAX_SHARDS);
+        let limits = Limits {
+            records: capacity.div_ceil(shard_count),
+            bytes: max_bytes / shard_count,
+        };
         MemoryStore {
             shards: (0..shard_count)
                 .map(|_| {
                     Mutex::new(Shard {
-                        records: HashMap::with_capacity(shard_capacity),
+                        records: HashMap::with_capacity(limits.records.min(RECORDS_PER_SHARD)),
                         ..Shard::default()
                     })
                 })
                 .collect(),
-            shard_capacity,
+            limits,
             hasher: RandomState::new(),
         }
     }
 
     /// How many records the store keeps at most.
     pub fn capacity(&self) -> usize {
-        self.shard_capacity * self.shards.len()
+        self.limits.records * self.shards.len()
+    }
+
+    /// How many bytes its records take at most.
+    pub fn max_bytes(&self) -> usize {
+        self.limits.bytes * self.shards.len()
+    }
+
+    /// How many bytes its records take now, as the bound counts them.
+    pub fn bytes(&self) -> usize {
+        (0..self.shards.len())
+            .map(|index| self.lock(index).bytes)
+            .sum()
     }
 
     /// How many records it holds now (running, finished and uncertain).
@@ -152,7 +195,7 @@ impl Shard {
         &mut self,
         key: &IdempotencyKey,
         claim: Claim<'_>,
-        capacity: usize,
+        limits: Limits,
         now: Instant,
     ) -> Reservation {
         let generation = self.next_generation();
@@ -199,11 +242,13 @@ impl Shard {
                     }
                 }
             }
-            self.records.remove(key);
+            self.remove(key);
         }
-        if self.records.len() >= capacity && !self.make_room(capacity, now) {
+        let bytes = weight(key, &claim.fingerprint.tool, claim.execution_id, None);
+        if !self.make_room(limits, bytes, None, now) {
             return Reservation::Full;
         }
+        let lease_until = now + claim.lease;
         self.records.insert(
             key.clone(),
             Record {
@@ -212,16 +257,26 @@ impl Shard {
                 execution_id: Arc::clone(claim.execution_id),
                 state: State::Running {
                     changed: watch::channel(()).0,
-                    lease_until: now + claim.lease,
+                    lease_until,
                 },
-                expires_at: now + claim.ttl,
+                // A running record lives until its lease, whatever the ttl; then uncertain.
+                expires_at: lease_until + claim.ttl,
                 generation,
+                bytes,
             },
         );
+        self.bytes += bytes;
         Reservation::Reserved
     }
 
-    fn finish(&mut self, key: &IdempotencyKey, finish: Finish, now: Instant, ttl: Duration) {
+    fn finish(
+        &mut self,
+        key: &IdempotencyKey,
+        finish: Finish,
+        limits: Limits,
+        now: Instant,
+        ttl: Duration,
+    ) {
         let generation = self.next_generation();
         let Some(record) = self
             .records
@@ -230,17 +285,54 @@ impl Shard {
         else {
             return;
         };
-        record.state = match finish {
+        let (state, bytes) = match finish {
             Finish::Response(response) => {
                 // Share the response's copy of the id: one allocation per record, not two.
                 record.execution_id = response.execution_id.clone();
-                State::Finished(response)
+                let bytes = weight(key, &record.tool, &record.execution_id, Some(&response));
+                (State::Finished(response), bytes)
             }
-            Finish::Uncertain { .. } => State::Uncertain,
+            Finish::Uncertain { .. } => (State::Uncertain, record.bytes),
         };
+        record.state = state;
+        self.bytes = self.bytes - record.bytes + bytes;
+        record.bytes = bytes;
         record.expires_at = now + ttl;
         record.generation = generation;
         self.queue_finished(key, generation);
+        if !self.make_room(limits, 0, Some(key), now)
+            && let Some(record) = self.records.get_mut(key)
+        {
+            // This answer alone is over the shard's part of the bound: keep that the call
+            // happened, not what it answered.
+            let bytes = weight(key, &record.tool, &record.execution_id, None);
+            tracing::warn!(
+                answer_bytes = record.bytes,
+                max_bytes = limits.bytes,
+                "an answer too large for the idempotency store was not kept: a retry gets \
+                 EXECUTION_UNCERTAIN"
+            );
+            record.state = State::Uncertain;
+            self.bytes = self.bytes - record.bytes + bytes;
+            record.bytes = bytes;
+        }
+    }
+
+    /// Frees `key` if `execution_id` still holds it.
+    fn release(&mut self, key: &IdempotencyKey, execution_id: &str) {
+        if self
+            .records
+            .get(key)
+            .is_some_and(|record| *record.execution_id == *execution_id)
+        {
+            self.remove(key);
+        }
+    }
+
+    fn remove(&mut self, key: &IdempotencyKey) {
+        if let Some(record) = self.records.remove(key) {
+            self.bytes -= record.bytes;
+        }
     }
 
     fn queue_finished(&mut self, key: &IdempotencyKey, generation: u64) {
@@ -250,28 +342,53 @@ impl Shard {
         }
     }
 
-    /// Frees one slot: expired records first, then the oldest finished one.
-    fn make_room(&mut self, capacity: usize, now: Instant) -> bool {
-        while let Some((key, generation)) = self.finished.pop_front() {
+    /// Makes room for a new record of `incoming` bytes (none: room for what is held), evicting
+    /// the oldest finished records, never `keep`, then expired ones. `false` if it cannot.
+    fn make_room(
+        &mut self,
+        limits: Limits,
+        incoming: usize,
+        keep: Option<&IdempotencyKey>,
+        now: Instant,
+    ) -> bool {
+        let new_records = usize::from(incoming > 0);
+        let fits = |shard: &Shard| {
+            shard.records.len() + new_records <= limits.records
+                && shard.bytes + incoming <= limits.bytes
+        };
+        while !fits(self) {
+            let Some((key, generation)) = self.finished.pop_front() else {
+                break;
+            };
+            if keep == Some(&key) {
+                self.finished.push_front((key, generation));
+                break;
+            }
             let current = self
                 .records
                 .get(&key)
                 .is_some_and(|record| record.generation == generation);
             if current {
-                self.records.remove(&key);
-                if self.records.len() < capacity {
-                    return true;
-                }
+                self.remove(&key);
             }
         }
-        // Only running records remain; drop those that outlived their ttl.
-        self.records.retain(|_, record| record.expires_at > now);
-        self.records.len() < capacity
+        if !fits(self) {
+            // Only running records remain; drop those that outlived their lease and ttl.
+            self.purge_expired(now);
+        }
+        fits(self)
     }
 
     fn purge_expired(&mut self, now: Instant) -> usize {
         let before = self.records.len();
-        self.records.retain(|_, record| record.expires_at > now);
+        let bytes = &mut self.bytes;
+        self.records.retain(|_, record| {
+            let keep = record.expires_at > now;
+            if !keep {
+                *bytes -= record.bytes;
+            }
+            keep
+        });
         self.compact_finished();
         before - self.records.len()
     }
@@ -290,6 +407,31 @@ impl Shard {
         self.next_generation += 1;
         self.next_generation
     }
+}
+
+/// What a record takes in memory: its fixed parts, its key, tool and execution id (counted
+/// whole even where shared), and its answer.
+fn weight(
+    key: &IdempotencyKey,
+    tool: &str,
+    execution_id: &str,
+    response: Option<&StoredResponse>,
+) -> usize {
+    const FIXED: usize = size_of::<IdempotencyKey>()
+        + size_of::<Record>()
+        + size_of::<(IdempotencyKey, u64)>()
+        + size_of::<StoredResponse>()
+        // Four `Arc` headers and a hash table's control byte and slack.
+        + 4 * 16
+        + 16;
+    FIXED
+        + key.caller().len()
+        + key.request_id().len()
+        + tool.len()
+        + execution_id.len()
+        + response.map_or(0, |response| {
+            response.body.len() + response.code.as_deref().map_or(0, str::len)
+        })
 }
 
 fn short_digest(fingerprint: &Fingerprint) -> [u8; 16] {
@@ -315,7 +457,7 @@ impl IdempotencyStore for MemoryStore {
         };
         let reservation = self
             .shard(key)
-            .reserve(key, claim, self.shard_capacity, Instant::now());
+            .reserve(key, claim, self.limits, Instant::now());
         Box::pin(std::future::ready(Ok(reservation)))
     }
 
@@ -325,12 +467,17 @@ impl IdempotencyStore for MemoryStore {
         finish: Finish,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.shard(key).finish(key, finish, Instant::now(), ttl);
+        self.shard(key)
+            .finish(key, finish, self.limits, Instant::now(), ttl);
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn release<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.shard(key).records.remove(key);
+    fn release<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.shard(key).release(key, execution_id);
         Box::pin(std::future::ready(Ok(())))
     }
 

@@ -12,12 +12,15 @@ mod connect;
 #[cfg(feature = "file")]
 mod file;
 mod memory;
+mod options;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(any(feature = "postgres", feature = "redis", feature = "file"))]
-mod record;
+pub(crate) mod record;
 #[cfg(feature = "redis")]
-mod redis;
+pub(crate) mod redis;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod tls;
 
 use std::fmt;
 use std::sync::Arc;
@@ -26,10 +29,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 
-pub use connect::{IDEMPOTENCY_URL_VAR, connect, connect_from_env};
+pub use connect::{IDEMPOTENCY_URL_VAR, connect, connect_from_env, connect_with};
 #[cfg(feature = "file")]
 pub use file::FileStore;
 pub use memory::MemoryStore;
+pub use options::StoreOptions;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "redis")]
@@ -164,9 +168,25 @@ impl Finish {
 
 /// A store failed (connection lost, timeout), or could not be opened. At request time it is
 /// answered as a retryable `503`, never by running the tool without a record.
-#[derive(Debug, thiserror::Error)]
-#[error("idempotency store error: {0}")]
+///
+/// Its message carries the whole chain of causes (a TLS handshake fails *because* the
+/// certificate names another host), so a log line of it says what went wrong.
+#[derive(Debug)]
 pub struct StoreError(pub Box<dyn std::error::Error + Send + Sync>);
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "idempotency store error: {}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StoreError {}
 
 impl StoreError {
     /// An error that is only a message (a record the store cannot read, a bad URL).
@@ -180,12 +200,13 @@ impl StoreError {
 ///
 /// Every method acts atomically on one key.
 pub trait IdempotencyStore: Send + Sync + 'static {
-    /// Claims `key` for a new execution of `fingerprint`, or reports what holds it. Records
-    /// older than `ttl` count as absent.
+    /// Claims `key` for a new execution of `fingerprint`, or reports what holds it. Finished
+    /// records older than `ttl` count as absent.
     ///
-    /// The claim holds for `lease` (the execution's deadline and a margin): a running record
-    /// whose lease has passed belongs to an execution that will never finish it (its replica
-    /// crashed), so it turns into an uncertain record carrying that execution's id.
+    /// The claim holds for `lease` (the execution's deadline and a margin), whatever the `ttl`:
+    /// a running record never expires before its lease. One whose lease has passed belongs to
+    /// an execution that will never finish it (its replica crashed), so it turns into an
+    /// uncertain record carrying that execution's id, kept for `ttl` after the lease.
     fn reserve<'a>(
         &'a self,
         key: &'a IdempotencyKey,
@@ -205,9 +226,16 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
-    /// Frees `key`: nothing is kept, a retry runs again. Also how a host clears an uncertain
-    /// record once it has checked what happened.
-    fn release<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Frees `key` if the execution `execution_id` still holds it: nothing is kept, a retry
+    /// runs again. An execution whose record was taken over (its lease passed, the record
+    /// expired and another execution claimed the key) frees nothing: fencing by execution id.
+    /// Also how a host clears an uncertain record once it has checked what happened, with the
+    /// execution id the record reports.
+    fn release<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Drops expired records; returns how many. Stores also expire records on their own.
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>>;
@@ -235,8 +263,12 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
         (**self).finish(key, finish, ttl)
     }
 
-    fn release<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<(), StoreError>> {
-        (**self).release(key)
+    fn release<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).release(key, execution_id)
     }
 
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>> {

@@ -8,9 +8,15 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures_util::future::BoxFuture;
 use tokio_postgres::NoTls;
+use tokio_postgres::config::SslMode;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::record::{Cleanup, Found, Stored};
-use super::{Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoreError};
+use super::options::take_params;
+use super::record::{Cleanup, Found, Stored, reserve_within, within};
+use super::tls;
+use super::{
+    Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoreError, StoreOptions,
+};
 
 /// The schema, one versioned step at a time; applied steps are listed in
 /// `carmy_idempotency_migrations`. Append, never edit.
@@ -27,16 +33,14 @@ const MIGRATION_LOCK: i64 = 0x6361_726d_7969_6470; // "carmyidp"
 const CLEANUP_EVERY: Duration = Duration::from_secs(60);
 const CLEANUP_BATCH: i64 = 1_000;
 
-/// How long a request waits for a pooled connection, or to open one, before the store reports
-/// itself unavailable.
-const POOL_TIMEOUT: Duration = Duration::from_secs(5);
 const POOL_SIZE: usize = 16;
 
 const CLAIM: &str = "\
 INSERT INTO carmy_idempotency_records AS record
     (caller, request_id, tool, digest, execution_id, state, reserved_at, lease_until, expires_at)
 VALUES ($1, $2, $3, $4, $5, 'running', now(),
-        now() + $6::bigint * interval '1 millisecond', now() + $7::bigint * interval '1 millisecond')
+        now() + $6::bigint * interval '1 millisecond',
+        now() + ($6::bigint + $7::bigint) * interval '1 millisecond')
 ON CONFLICT (caller, request_id) DO UPDATE
 SET tool = excluded.tool, digest = excluded.digest, execution_id = excluded.execution_id,
     state = 'running', reserved_at = excluded.reserved_at, lease_until = excluded.lease_until,
@@ -72,7 +76,8 @@ SET state = $4, status = $5, category = $6, code = $7, body = $8,
     expires_at = now() + $9::bigint * interval '1 millisecond'
 WHERE caller = $1 AND request_id = $2 AND execution_id = $3 AND state <> 'finished'";
 
-const RELEASE: &str = "DELETE FROM carmy_idempotency_records WHERE caller = $1 AND request_id = $2";
+const RELEASE: &str = "\
+DELETE FROM carmy_idempotency_records WHERE caller = $1 AND request_id = $2 AND execution_id = $3";
 
 /// One batch of expired records; `SKIP LOCKED` lets replicas clean up side by side.
 const PURGE_BATCH: &str = "\
@@ -89,9 +94,10 @@ WHERE (caller, request_id) IN (
 /// expiry follows the server's clock; each store deletes expired records every minute.
 ///
 /// The schema is created on connect by embedded, versioned migrations, applied under an
-/// advisory lock.
+/// advisory lock. Every call has the time limits of its [`StoreOptions`].
 pub struct PostgresStore {
     pool: Pool,
+    options: StoreOptions,
     _cleanup: Cleanup,
 }
 
@@ -114,154 +120,203 @@ fn millis(duration: Duration) -> i64 {
 impl PostgresStore {
     /// Connects to the database at `url` (`postgres://user@host:port/db`), applies the
     /// migrations, and starts the periodic cleanup. Fails if the database cannot be reached.
-    /// Connections are not encrypted: reach the database over a trusted network or a socket.
+    ///
+    /// TLS follows libpq's `sslmode`, with rustls: `disable` and `prefer` (the default) do not
+    /// encrypt; `require` encrypts without checking the certificate; `verify-full` (and
+    /// `verify-ca`, which rustls checks as strictly) checks the certificate and the host name
+    /// against the platform's root certificates, or those of `sslrootcert=PATH`.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        Self::connect_with_cleanup(url, CLEANUP_EVERY).await
+        Self::connect_with(url, StoreOptions::new()).await
+    }
+
+    /// Like [`PostgresStore::connect`], with time limits and certificates of `options`.
+    pub async fn connect_with(url: &str, options: StoreOptions) -> Result<Self, StoreError> {
+        Self::open(url, options, CLEANUP_EVERY).await
     }
 
     /// Like [`PostgresStore::connect`], deleting expired records every `interval`.
     pub async fn connect_with_cleanup(url: &str, interval: Duration) -> Result<Self, StoreError> {
-        let mut config = tokio_postgres::Config::from_str(url).map_err(failed)?;
+        Self::open(url, StoreOptions::new(), interval).await
+    }
+
+    async fn open(
+        url: &str,
+        options: StoreOptions,
+        interval: Duration,
+    ) -> Result<Self, StoreError> {
+        let (url, options) = options.with_url(url)?;
+        let (url, mode) = take_params(&url, &["sslmode"]);
+        let mode = mode.last().map_or("prefer", |(_, mode)| mode.as_str());
+        let mut config = tokio_postgres::Config::from_str(&url).map_err(failed)?;
         if config.get_connect_timeout().is_none() {
-            config.connect_timeout(POOL_TIMEOUT);
+            config.connect_timeout(options.acquire_timeout);
         }
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match mode {
+            "disable" | "allow" | "prefer" => Manager::from_config(config, NoTls, manager_config),
+            "require" => {
+                config.ssl_mode(SslMode::Require);
+                let tls = MakeRustlsConnect::new(tls::encrypted_only()?);
+                Manager::from_config(config, tls, manager_config)
+            }
+            "verify-ca" | "verify-full" => {
+                config.ssl_mode(SslMode::Require);
+                let tls = MakeRustlsConnect::new(tls::verified(&options.root_certificates)?);
+                Manager::from_config(config, tls, manager_config)
+            }
+            other => {
+                return Err(StoreError::message(format!(
+                    "`sslmode={other}` in the store URL: expected disable, prefer, require, \
+                     verify-ca or verify-full"
+                )));
+            }
+        };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(POOL_TIMEOUT))
-            .create_timeout(Some(POOL_TIMEOUT))
-            .recycle_timeout(Some(POOL_TIMEOUT))
+            .wait_timeout(Some(options.acquire_timeout))
+            .create_timeout(Some(options.acquire_timeout))
+            .recycle_timeout(Some(options.acquire_timeout))
             .build()
             .map_err(failed)?;
         let mut client = pool.get().await.map_err(failed)?;
-        migrate(&mut client).await.map_err(failed)?;
+        within(options.command_timeout, async {
+            migrate(&mut client).await.map_err(failed)
+        })
+        .await?;
         drop(client);
         let cleanup = {
             let pool = pool.clone();
+            let timeout = options.command_timeout;
             Cleanup::every(interval, move || {
                 let pool = pool.clone();
-                async move { purge(&pool).await }
+                async move { purge(&pool, timeout).await }
             })
         };
         Ok(PostgresStore {
             pool,
+            options,
             _cleanup: cleanup,
         })
     }
+}
 
-    async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
-        self.pool.get().await.map_err(failed)
-    }
+/// A pooled connection; the pool's own time limits apply.
+async fn client(pool: &Pool) -> Result<deadpool_postgres::Client, StoreError> {
+    pool.get().await.map_err(failed)
+}
 
-    async fn reserve_key(
-        &self,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        execution_id: &str,
-        lease: Duration,
-        ttl: Duration,
-    ) -> Result<Reservation, StoreError> {
-        let client = self.client().await?;
-        let claim = client.prepare_cached(CLAIM).await.map_err(failed)?;
-        let inspect = client.prepare_cached(INSPECT).await.map_err(failed)?;
-        let digest = fingerprint.digest.as_slice();
-        loop {
-            let claimed = client
-                .query_opt(
-                    &claim,
-                    &[
-                        &key.caller(),
-                        &key.request_id(),
-                        &&*fingerprint.tool,
-                        &digest,
-                        &execution_id,
-                        &millis(lease),
-                        &millis(ttl),
-                    ],
-                )
-                .await
-                .map_err(failed)?;
-            if claimed.is_some() {
-                return Ok(Reservation::Reserved);
-            }
-            let row = client
-                .query_opt(&inspect, &[&key.caller(), &key.request_id()])
-                .await
-                .map_err(failed)?;
-            // No row: the holder was released or expired in between; claim again.
-            let Some(row) = row else { continue };
-            let body: Option<Vec<u8>> = row.try_get("body").map_err(failed)?;
-            let status: Option<String> = row.try_get("status").map_err(failed)?;
-            let found = Found {
-                tool: row.try_get("tool").map_err(failed)?,
-                digest: row.try_get("digest").map_err(failed)?,
-                execution_id: row.try_get("execution_id").map_err(failed)?,
-                state: row.try_get("state").map_err(failed)?,
-                running_for: Duration::from_millis(
-                    u64::try_from(row.try_get::<_, i64>("running_ms").map_err(failed)?)
-                        .unwrap_or(0),
-                ),
-                response: match (status, body) {
-                    (Some(status), Some(body)) => Some(Stored {
-                        status,
-                        category: row.try_get("category").map_err(failed)?,
-                        code: row.try_get("code").map_err(failed)?,
-                        body,
-                    }),
-                    _ => None,
-                },
-            };
-            return found.reservation(fingerprint);
-        }
-    }
-
-    async fn finish_key(
-        &self,
-        key: &IdempotencyKey,
-        finish: &Finish,
-        ttl: Duration,
-    ) -> Result<(), StoreError> {
-        let (state, stored) = Stored::of(finish);
-        let client = self.client().await?;
-        let statement = client.prepare_cached(FINISH).await.map_err(failed)?;
-        client
-            .execute(
-                &statement,
+/// Claims `key`, or reads the record that holds it. No time limit of its own: see
+/// [`reserve_within`].
+async fn reserve_key(
+    pool: Pool,
+    key: IdempotencyKey,
+    fingerprint: Fingerprint,
+    execution_id: Arc<str>,
+    lease: Duration,
+    ttl: Duration,
+) -> Result<Reservation, StoreError> {
+    let client = client(&pool).await?;
+    let claim = client.prepare_cached(CLAIM).await.map_err(failed)?;
+    let inspect = client.prepare_cached(INSPECT).await.map_err(failed)?;
+    let digest = fingerprint.digest.as_slice();
+    loop {
+        let claimed = client
+            .query_opt(
+                &claim,
                 &[
                     &key.caller(),
                     &key.request_id(),
-                    &&**finish.execution_id(),
-                    &state,
-                    &stored.as_ref().map(|stored| stored.status.as_str()),
-                    &stored
-                        .as_ref()
-                        .and_then(|stored| stored.category.as_deref()),
-                    &stored.as_ref().and_then(|stored| stored.code.as_deref()),
-                    &stored.as_ref().map(|stored| stored.body.as_slice()),
+                    &&*fingerprint.tool,
+                    &digest,
+                    &&*execution_id,
+                    &millis(lease),
                     &millis(ttl),
                 ],
             )
             .await
             .map_err(failed)?;
-        Ok(())
-    }
-
-    async fn release_key(&self, key: &IdempotencyKey) -> Result<(), StoreError> {
-        let client = self.client().await?;
-        let statement = client.prepare_cached(RELEASE).await.map_err(failed)?;
-        client
-            .execute(&statement, &[&key.caller(), &key.request_id()])
+        if claimed.is_some() {
+            return Ok(Reservation::Reserved);
+        }
+        let row = client
+            .query_opt(&inspect, &[&key.caller(), &key.request_id()])
             .await
             .map_err(failed)?;
-        Ok(())
+        // No row: the holder was released or expired in between; claim again.
+        let Some(row) = row else { continue };
+        let body: Option<Vec<u8>> = row.try_get("body").map_err(failed)?;
+        let status: Option<String> = row.try_get("status").map_err(failed)?;
+        let found = Found {
+            tool: row.try_get("tool").map_err(failed)?,
+            digest: row.try_get("digest").map_err(failed)?,
+            execution_id: row.try_get("execution_id").map_err(failed)?,
+            state: row.try_get("state").map_err(failed)?,
+            running_for: Duration::from_millis(
+                u64::try_from(row.try_get::<_, i64>("running_ms").map_err(failed)?).unwrap_or(0),
+            ),
+            response: match (status, body) {
+                (Some(status), Some(body)) => Some(Stored {
+                    status,
+                    category: row.try_get("category").map_err(failed)?,
+                    code: row.try_get("code").map_err(failed)?,
+                    body,
+                }),
+                _ => None,
+            },
+        };
+        return found.reservation(&fingerprint);
     }
+}
+
+async fn finish_key(
+    pool: &Pool,
+    key: &IdempotencyKey,
+    finish: &Finish,
+    ttl: Duration,
+) -> Result<(), StoreError> {
+    let (state, stored) = Stored::of(finish);
+    let client = client(pool).await?;
+    let statement = client.prepare_cached(FINISH).await.map_err(failed)?;
+    client
+        .execute(
+            &statement,
+            &[
+                &key.caller(),
+                &key.request_id(),
+                &&**finish.execution_id(),
+                &state,
+                &stored.as_ref().map(|stored| stored.status.as_str()),
+                &stored
+                    .as_ref()
+                    .and_then(|stored| stored.category.as_deref()),
+                &stored.as_ref().and_then(|stored| stored.code.as_deref()),
+                &stored.as_ref().map(|stored| stored.body.as_slice()),
+                &millis(ttl),
+            ],
+        )
+        .await
+        .map_err(failed)?;
+    Ok(())
+}
+
+async fn release_key(
+    pool: &Pool,
+    key: &IdempotencyKey,
+    execution_id: &str,
+) -> Result<(), StoreError> {
+    let client = client(pool).await?;
+    let statement = client.prepare_cached(RELEASE).await.map_err(failed)?;
+    client
+        .execute(
+            &statement,
+            &[&key.caller(), &key.request_id(), &execution_id],
+        )
+        .await
+        .map_err(failed)?;
+    Ok(())
 }
 
 /// Applies the migrations not yet applied, holding the advisory lock.
@@ -313,16 +368,22 @@ async fn apply_migrations(
     Ok(())
 }
 
-/// Deletes every expired record, a batch per statement.
-async fn purge(pool: &Pool) -> Result<usize, StoreError> {
-    let client = pool.get().await.map_err(failed)?;
-    let statement = client.prepare_cached(PURGE_BATCH).await.map_err(failed)?;
+/// Deletes every expired record, a batch per statement of at most `timeout`.
+async fn purge(pool: &Pool, timeout: Duration) -> Result<usize, StoreError> {
+    let client = client(pool).await?;
+    let statement = within(timeout, async {
+        client.prepare_cached(PURGE_BATCH).await.map_err(failed)
+    })
+    .await?;
     let mut purged = 0;
     loop {
-        let deleted = client
-            .execute(&statement, &[&CLEANUP_BATCH])
-            .await
-            .map_err(failed)?;
+        let deleted = within(timeout, async {
+            client
+                .execute(&statement, &[&CLEANUP_BATCH])
+                .await
+                .map_err(failed)
+        })
+        .await?;
         purged += usize::try_from(deleted).unwrap_or(usize::MAX);
         if deleted < CLEANUP_BATCH.unsigned_abs() {
             return Ok(purged);
@@ -339,7 +400,30 @@ impl IdempotencyStore for PostgresStore {
         lease: Duration,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        Box::pin(self.reserve_key(key, fingerprint, execution_id, lease, ttl))
+        let reserve = reserve_key(
+            self.pool.clone(),
+            key.clone(),
+            fingerprint.clone(),
+            Arc::clone(execution_id),
+            lease,
+            ttl,
+        );
+        let (pool, key, execution_id, timeout) = (
+            self.pool.clone(),
+            key.clone(),
+            Arc::clone(execution_id),
+            self.options.command_timeout,
+        );
+        let undo = move || {
+            let (pool, key, execution_id) = (pool.clone(), key.clone(), Arc::clone(&execution_id));
+            async move { within(timeout, release_key(&pool, &key, &execution_id)).await }
+        };
+        Box::pin(reserve_within(
+            self.options.command_timeout,
+            lease,
+            reserve,
+            undo,
+        ))
     }
 
     fn finish<'a>(
@@ -348,14 +432,27 @@ impl IdempotencyStore for PostgresStore {
         finish: Finish,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { self.finish_key(key, &finish, ttl).await })
+        Box::pin(async move {
+            within(
+                self.options.command_timeout,
+                finish_key(&self.pool, key, &finish, ttl),
+            )
+            .await
+        })
     }
 
-    fn release<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.release_key(key))
+    fn release<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(within(
+            self.options.command_timeout,
+            release_key(&self.pool, key, execution_id),
+        ))
     }
 
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
-        Box::pin(purge(&self.pool))
+        Box::pin(purge(&self.pool, self.options.command_timeout))
     }
 }

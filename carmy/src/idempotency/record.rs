@@ -142,3 +142,77 @@ impl Drop for Cleanup {
         self.0.abort();
     }
 }
+
+/// `call`, or an unavailable store once `timeout` has passed.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| Err(timed_out(timeout)))
+}
+
+#[cfg(any(feature = "postgres", feature = "redis"))]
+fn timed_out(timeout: Duration) -> StoreError {
+    StoreError::message(format!(
+        "the store did not answer within {} ms",
+        timeout.as_millis()
+    ))
+}
+
+/// Runs a shared store's reservation in its own task and waits for it at most `timeout`.
+///
+/// A stalled store still holds the claim it was sent and may apply it once it resumes; by then
+/// the caller has been told the store is unavailable and the tool has not run. So when the
+/// caller has given up, the task waits for the claim's fate (at most `give_up_after`) and
+/// releases it with `undo`, fenced by the execution id: the record of an execution that never
+/// ran is not left behind to block retries.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) async fn reserve_within<U>(
+    timeout: Duration,
+    give_up_after: Duration,
+    reserve: impl std::future::Future<Output = Result<Reservation, StoreError>> + Send + 'static,
+    undo: impl Fn() -> U + Send + Sync + 'static,
+) -> Result<Reservation, StoreError>
+where
+    U: std::future::Future<Output = Result<(), StoreError>> + Send + 'static,
+{
+    let undo = Arc::new(undo);
+    let (sender, mut receiver) = tokio::sync::oneshot::channel();
+    let late_undo = Arc::clone(&undo);
+    tokio::spawn(async move {
+        let reservation = tokio::time::timeout(give_up_after, reserve)
+            .await
+            .unwrap_or_else(|_| Err(timed_out(give_up_after)));
+        if let Err(unanswered) = sender.send(reservation) {
+            undo_claim(unanswered, &*late_undo).await;
+        }
+    });
+    match tokio::time::timeout(timeout, &mut receiver).await {
+        Ok(Ok(reservation)) => reservation,
+        Ok(Err(_)) => Err(StoreError::message("the reservation task failed")),
+        Err(_) => {
+            // The answer may have come in just now: then it is this side's to undo.
+            receiver.close();
+            if let Ok(answered) = receiver.try_recv() {
+                tokio::spawn(async move { undo_claim(answered, &*undo).await });
+            }
+            Err(timed_out(timeout))
+        }
+    }
+}
+
+/// Releases a claim nobody will use: one that was made, or that failed and may yet land.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+async fn undo_claim<U>(reservation: Result<Reservation, StoreError>, undo: &impl Fn() -> U)
+where
+    U: std::future::Future<Output = Result<(), StoreError>>,
+{
+    if matches!(reservation, Ok(Reservation::Reserved) | Err(_))
+        && let Err(error) = undo().await
+    {
+        tracing::warn!(%error, "could not release a reservation made after its call gave up");
+    }
+}

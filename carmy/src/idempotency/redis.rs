@@ -5,18 +5,23 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Script};
+use redis::{ConnectionAddr, IntoConnectionInfo, RedisError, Script};
 
-use super::record::{Found, Stored};
-use super::{Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoreError};
+use super::record::{Found, Stored, reserve_within, within};
+use super::{
+    Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoreError, StoreOptions,
+};
 
-/// How long a command, or a connection attempt, may take before the store reports itself
-/// unavailable.
-const TIMEOUT: Duration = Duration::from_secs(5);
+/// How many command timeouts redis-rs waits for an answer before it fails the command itself.
+/// carmy answers the caller after one; waiting longer lets a claim that lands late be undone.
+const GIVE_UP_AFTER: u32 = 6;
 
 /// Claims a free key (create + expiry, atomically, like `SET NX PX`), or reads the record
 /// that holds it, turning a running record whose lease has passed into an uncertain one.
 /// Times are the server's clock.
+///
+/// A running record lives until its lease, whatever the ttl, then as an uncertain one for the
+/// ttl.
 ///
 /// KEYS: the record. ARGV: execution id, tool, digest, lease (ms), ttl (ms).
 const RESERVE: &str = r"
@@ -25,7 +30,7 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HSET', KEYS[1], 'tool', ARGV[2], 'digest', ARGV[3], 'execution_id', ARGV[1],
     'state', 'running', 'reserved_at', now, 'lease_until', now + tonumber(ARGV[4]))
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]) + tonumber(ARGV[5]))
   return {'reserved'}
 end
 local r = redis.call('HMGET', KEYS[1], 'tool', 'digest', 'execution_id', 'state', 'reserved_at',
@@ -56,14 +61,35 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 ";
 
+/// Deletes the record only if the execution still holds it (fencing).
+///
+/// KEYS: the record. ARGV: execution id.
+const RELEASE: &str = r"
+if redis.call('HGET', KEYS[1], 'execution_id') == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
 /// Idempotency records in Redis, so that replicas sharing the server never run one request
 /// twice. Every transition is one Lua script on one hash, so no interleaving of replicas loses
 /// a record; keys are hash-tagged (`carmy:idempotency:{…}`) so each lives in one cluster slot.
-/// Redis expires records itself.
+/// Redis expires records itself. Every call has the time limits of its [`StoreOptions`].
+///
+/// Records must survive a restart of Redis, or a retry after one runs again: give the server
+/// persistence (`appendonly yes`, or `save` snapshots); a warning is logged at connect when
+/// it has neither.
 pub struct RedisStore {
+    inner: Arc<Inner>,
+    timeout: Duration,
+}
+
+/// What a reservation's own task needs (see [`reserve_within`]).
+struct Inner {
     connection: ConnectionManager,
     reserve: Script,
     finish: Script,
+    release: Script,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -74,6 +100,77 @@ impl std::fmt::Debug for RedisStore {
 
 fn failed(error: RedisError) -> StoreError {
     StoreError(Box::new(error))
+}
+
+/// Opens a managed connection to `url` with carmy's time limits and, for `rediss://`, TLS
+/// trusting `options`' root certificates: for the store and the rate limiter alike.
+pub(crate) async fn open(
+    url: &str,
+    options: &StoreOptions,
+) -> Result<(ConnectionManager, StoreOptions), StoreError> {
+    let (url, options) = options.clone().with_url(url)?;
+    let client = client(&url, &options)?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(options.acquire_timeout))
+        .set_response_timeout(Some(options.command_timeout * GIVE_UP_AFTER))
+        .set_number_of_retries(2);
+    let connection = within(options.acquire_timeout + options.command_timeout, async {
+        ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(failed)
+    })
+    .await?;
+    Ok((connection, options))
+}
+
+/// A client for `url`; over TLS (`rediss://`), with rustls trusting `options`' root
+/// certificates, or the platform's.
+fn client(url: &str, options: &StoreOptions) -> Result<redis::Client, StoreError> {
+    let info = url.into_connection_info().map_err(failed)?;
+    if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+        return redis::Client::open(info).map_err(failed);
+    }
+    super::tls::provider();
+    let root_cert =
+        (!options.root_certificates.is_empty()).then(|| options.root_certificates.clone());
+    redis::Client::build_with_tls(
+        info,
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert,
+        },
+    )
+    .map_err(failed)
+}
+
+/// Warns when the server keeps nothing across a restart (no append-only file, no snapshots):
+/// a restart then forgets every record, and retries run again. Servers that refuse `CONFIG`
+/// (managed services) are not second-guessed.
+async fn check_persistence(connection: &mut ConnectionManager) {
+    let setting = |name: &'static str| {
+        let mut connection = connection.clone();
+        async move {
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(name)
+                .query_async::<std::collections::HashMap<String, String>>(&mut connection)
+                .await
+                .map(|mut values| values.remove(name).unwrap_or_default())
+        }
+    };
+    match (setting("appendonly").await, setting("save").await) {
+        (Ok(appendonly), Ok(save)) if appendonly == "no" && save.trim().is_empty() => {
+            tracing::warn!(
+                "the Redis idempotency store has no persistence (appendonly no, save \"\"): a \
+                 restart of Redis forgets every record, and retries of calls made before it run \
+                 again; enable appendonly (or save snapshots) on the server"
+            );
+        }
+        (Ok(_), Ok(_)) => {}
+        (Err(error), _) | (_, Err(error)) => {
+            tracing::debug!(%error, "could not read the Redis persistence settings");
+        }
+    }
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -94,24 +191,36 @@ fn record_key(key: &IdempotencyKey) -> String {
 }
 
 impl RedisStore {
-    /// Connects to the server at `url` (`redis://host:port/db`, or `rediss://` for TLS if
-    /// redis-rs was built with it). Fails if the server cannot be reached.
+    /// Connects to the server at `url` (`redis://host:port/db`, or `rediss://` for TLS).
+    /// Fails if the server cannot be reached.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(failed)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(TIMEOUT))
-            .set_response_timeout(Some(TIMEOUT))
-            .set_number_of_retries(2);
-        let connection = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(failed)?;
-        Ok(RedisStore {
-            connection,
-            reserve: Script::new(RESERVE),
-            finish: Script::new(FINISH),
-        })
+        Self::connect_with(url, StoreOptions::new()).await
     }
 
+    /// Like [`RedisStore::connect`], with the time limits and certificates of `options`.
+    pub async fn connect_with(url: &str, options: StoreOptions) -> Result<Self, StoreError> {
+        let (mut connection, options) = open(url, &options).await?;
+        within(options.command_timeout * 2, async {
+            check_persistence(&mut connection).await;
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(
+            |error| tracing::debug!(%error, "could not read the Redis persistence settings"),
+        );
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                connection,
+                reserve: Script::new(RESERVE),
+                finish: Script::new(FINISH),
+                release: Script::new(RELEASE),
+            }),
+            timeout: options.command_timeout,
+        })
+    }
+}
+
+impl Inner {
     async fn reserve_key(
         &self,
         key: &IdempotencyKey,
@@ -192,10 +301,16 @@ impl RedisStore {
         Ok(())
     }
 
-    async fn release_key(&self, key: &IdempotencyKey) -> Result<(), StoreError> {
-        let _: i64 = redis::cmd("DEL")
-            .arg(record_key(key))
-            .query_async(&mut self.connection.clone())
+    async fn release_key(
+        &self,
+        key: &IdempotencyKey,
+        execution_id: &str,
+    ) -> Result<(), StoreError> {
+        let _: i64 = self
+            .release
+            .key(record_key(key))
+            .arg(execution_id)
+            .invoke_async(&mut self.connection.clone())
             .await
             .map_err(failed)?;
         Ok(())
@@ -211,7 +326,31 @@ impl IdempotencyStore for RedisStore {
         lease: Duration,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        Box::pin(self.reserve_key(key, fingerprint, execution_id, lease, ttl))
+        let reserve = {
+            let (inner, key, fingerprint, execution_id) = (
+                Arc::clone(&self.inner),
+                key.clone(),
+                fingerprint.clone(),
+                Arc::clone(execution_id),
+            );
+            async move {
+                inner
+                    .reserve_key(&key, &fingerprint, &execution_id, lease, ttl)
+                    .await
+            }
+        };
+        let (inner, key, execution_id, timeout) = (
+            Arc::clone(&self.inner),
+            key.clone(),
+            Arc::clone(execution_id),
+            self.timeout,
+        );
+        let undo = move || {
+            let (inner, key, execution_id) =
+                (Arc::clone(&inner), key.clone(), Arc::clone(&execution_id));
+            async move { within(timeout, inner.release_key(&key, &execution_id)).await }
+        };
+        Box::pin(reserve_within(self.timeout, lease, reserve, undo))
     }
 
     fn finish<'a>(
@@ -220,11 +359,20 @@ impl IdempotencyStore for RedisStore {
         finish: Finish,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { self.finish_key(key, &finish, ttl).await })
+        Box::pin(
+            async move { within(self.timeout, self.inner.finish_key(key, &finish, ttl)).await },
+        )
     }
 
-    fn release<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.release_key(key))
+    fn release<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(within(
+            self.timeout,
+            self.inner.release_key(key, execution_id),
+        ))
     }
 
     /// Nothing to do: Redis drops expired keys itself.

@@ -3,15 +3,14 @@
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Script};
+use redis::Script;
+use redis::aio::ConnectionManager;
 
 use super::rate_limit::{Decision, RateLimit, RateLimiter};
+use crate::Error;
+use crate::idempotency::record::within;
+use crate::idempotency::{StoreError, StoreOptions};
 use crate::tool_error::{ToolError, codes};
-
-/// How long a command, or a connection attempt, may take before the limiter reports itself
-/// unavailable.
-const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Counts one request in the key's fixed window (the key expires with the window, on the
 /// server's clock) and answers the count and the milliseconds left in the window.
@@ -32,9 +31,12 @@ return {count, left}
 
 /// The rate limiter replicas share: one atomic Lua script per request on a key that expires
 /// with its window. Keys are hash-tagged (`carmy:rate:{…}`) so each lives in one cluster slot.
+/// Every check has the time limits of its [`StoreOptions`]; when Redis does not answer in
+/// time, the call is refused with a retryable `503 RATE_LIMITER_UNAVAILABLE`.
 pub struct RedisRateLimiter {
     connection: ConnectionManager,
     count: Script,
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for RedisRateLimiter {
@@ -44,22 +46,28 @@ impl std::fmt::Debug for RedisRateLimiter {
 }
 
 impl RedisRateLimiter {
-    /// Connects to the server at `url` (`redis://host:port/db`). Fails if the server cannot
-    /// be reached.
-    pub async fn connect(url: &str) -> Result<Self, RedisError> {
-        let client = redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(TIMEOUT))
-            .set_response_timeout(Some(TIMEOUT))
-            .set_number_of_retries(2);
-        let connection = ConnectionManager::new_with_config(client, config).await?;
+    /// Connects to the server at `url` (`redis://host:port/db`, or `rediss://` for TLS).
+    /// Fails if the server cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::connect_with(url, StoreOptions::new()).await
+    }
+
+    /// Like [`RedisRateLimiter::connect`], with the time limits and certificates of `options`.
+    pub async fn connect_with(url: &str, options: StoreOptions) -> Result<Self, Error> {
+        let (connection, options) = crate::idempotency::redis::open(url, &options)
+            .await
+            .map_err(|StoreError(source)| Error::Unavailable {
+                service: "the Redis rate limiter",
+                source,
+            })?;
         Ok(RedisRateLimiter {
             connection,
             count: Script::new(COUNT),
+            timeout: options.command_timeout,
         })
     }
 
-    async fn count(&self, key: &str, limit: RateLimit) -> Result<Decision, RedisError> {
+    async fn count(&self, key: &str, limit: RateLimit) -> Result<Decision, StoreError> {
         let window_ms = u64::try_from(limit.window.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
@@ -68,7 +76,8 @@ impl RedisRateLimiter {
             .key(format!("carmy:rate:{{{key}}}:{window_ms}"))
             .arg(window_ms)
             .invoke_async(&mut self.connection.clone())
-            .await?;
+            .await
+            .map_err(|error| StoreError(Box::new(error)))?;
         Ok(if count > u64::from(limit.requests) {
             Decision::Limited {
                 retry_after: Duration::from_millis(left_ms),
@@ -86,14 +95,16 @@ impl RateLimiter for RedisRateLimiter {
         limit: RateLimit,
     ) -> BoxFuture<'a, Result<Decision, ToolError>> {
         Box::pin(async move {
-            self.count(key, limit).await.map_err(|error| {
-                ToolError::capacity(
-                    codes::RATE_LIMITER_UNAVAILABLE,
-                    "the rate limiter is unavailable",
-                )
-                .retryable(Duration::from_secs(1))
-                .with_source(error)
-            })
+            within(self.timeout, self.count(key, limit))
+                .await
+                .map_err(|error| {
+                    ToolError::capacity(
+                        codes::RATE_LIMITER_UNAVAILABLE,
+                        "the rate limiter is unavailable",
+                    )
+                    .retryable(Duration::from_secs(1))
+                    .with_source(error)
+                })
         })
     }
 }

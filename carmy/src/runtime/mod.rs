@@ -366,7 +366,7 @@ impl Runtime {
         }
         let Ok(_permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
             if let Some((key, _)) = &prepared.idempotency {
-                self.release(key, prepared.lease_end()).await;
+                self.release(&prepared, key).await;
             }
             let error = ToolError::capacity(codes::OVERLOADED, "too many executions in flight")
                 .retryable(Duration::from_secs(1));
@@ -600,7 +600,7 @@ impl Runtime {
             return outcome;
         };
         match kept {
-            Kept::Nothing => self.release(key, prepared.lease_end()).await,
+            Kept::Nothing => self.release(&prepared, key).await,
             Kept::Uncertain => {
                 let finish = Finish::Uncertain {
                     execution_id: prepared.execution_id.clone(),
@@ -668,9 +668,11 @@ impl Runtime {
         }
     }
 
-    /// Frees `key` (nothing kept), tried again like [`Runtime::keep`].
-    async fn release(&self, key: &IdempotencyKey, lease_end: Instant) {
-        if let Err(error) = with_backoff(|| self.store.release(key), lease_end).await
+    /// Frees `key` (nothing kept) if this execution still holds it, tried again like
+    /// [`Runtime::keep`].
+    async fn release(&self, prepared: &Prepared, key: &IdempotencyKey) {
+        let attempt = || self.store.release(key, &prepared.execution_id);
+        if let Err(error) = with_backoff(attempt, prepared.lease_end()).await
             && let Some(held_back) = self.logs.release.admit()
         {
             tracing::error!(
