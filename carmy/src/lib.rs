@@ -19,7 +19,7 @@ mod tool;
 mod tool_error;
 
 pub use app::{App, app};
-pub use carmy_macros::{JsonSchema, tool};
+pub use carmy_macros::{JsonSchema, ToolError, tool};
 pub use config::Config;
 pub use context::{Context, Principal, TrustLevel};
 pub use error::Error;
@@ -27,7 +27,7 @@ pub use idempotency::ExecutionStatus;
 pub use schema_trait::*;
 pub use state::State;
 pub use tool::{Confirmation, Effect, ToolDescriptor};
-pub use tool_error::{Category, ToolError};
+pub use tool_error::{Category, IntoToolError, ToolError};
 
 /// The `JsonSchema` trait; the glob lets `carmy_macros::JsonSchema` take the macro namespace.
 mod schema_trait {
