@@ -40,12 +40,15 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
         }
     }
     // The schema calls the real type's `Default`, which may need bounds of its own.
-    let default_bound = (container_default && !input.generics.params.is_empty())
-        .then(|| -> syn::WherePredicate {
+    let default_bound =
+        (container_default && !input.generics.params.is_empty()).then(|| -> syn::WherePredicate {
             syn::parse_quote!(#ident #ty_generics: ::core::default::Default)
         });
     if let Some(bound) = &default_bound {
-        copy.generics.make_where_clause().predicates.push(bound.clone());
+        copy.generics
+            .make_where_clause()
+            .predicates
+            .push(bound.clone());
     }
     match &mut copy.data {
         Data::Struct(data) => retain_field_attributes(&mut data.fields),
@@ -109,11 +112,21 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
 }
 
 fn retain_schema_attributes(attrs: &mut Vec<Attribute>) {
-    attrs.retain(|attr| {
-        KEPT_ATTRIBUTES
-            .iter()
-            .any(|kept| attr.path().is_ident(kept))
-    });
+    attrs.retain(|attr| is_kept(attr.path()) || is_schema_cfg_attr(attr));
+}
+
+fn is_kept(path: &syn::Path) -> bool {
+    KEPT_ATTRIBUTES.iter().any(|kept| path.is_ident(kept))
+}
+
+/// `#[cfg_attr(predicate, serde(…))]`: kept when everything it adds is kept.
+fn is_schema_cfg_attr(attr: &Attribute) -> bool {
+    attr.path().is_ident("cfg_attr")
+        && attr
+            .parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated)
+            .is_ok_and(|metas| {
+                metas.len() > 1 && metas.iter().skip(1).all(|meta| is_kept(meta.path()))
+            })
 }
 
 fn retain_field_attributes(fields: &mut Fields) {

@@ -45,22 +45,22 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
     let arms: Vec<TokenStream> = match &input.data {
         Data::Enum(data) => {
             for attr in input.attrs.iter().filter(|attr| is_ours(attr)) {
-                cx.error_spanned_by(
-                    attr,
-                    "on an enum, `#[tool_error(…)]` goes on each variant",
-                );
+                cx.error_spanned_by(attr, "on an enum, `#[tool_error(…)]` goes on each variant");
             }
             data.variants
                 .iter()
                 .map(|variant| {
                     let ident = &variant.ident;
-                    arm(&cx, quote!(Self::#ident), &variant.attrs, &variant.fields)
+                    arm(&cx, &quote!(Self::#ident), &variant.attrs, &variant.fields)
                 })
                 .collect()
         }
-        Data::Struct(data) => vec![arm(&cx, quote!(Self), &input.attrs, &data.fields)],
+        Data::Struct(data) => vec![arm(&cx, &quote!(Self), &input.attrs, &data.fields)],
         Data::Union(_) => {
-            cx.error_spanned_by(&input.ident, "`carmy::ToolError` cannot be derived for a union");
+            cx.error_spanned_by(
+                &input.ident,
+                "`carmy::ToolError` cannot be derived for a union",
+            );
             Vec::new()
         }
     };
@@ -102,7 +102,7 @@ struct Mapping<'a> {
 }
 
 /// One match arm: `pattern => the ToolError`.
-fn arm(cx: &Ctxt, path: TokenStream, attrs: &[Attribute], fields: &Fields) -> TokenStream {
+fn arm(cx: &Ctxt, path: &TokenStream, attrs: &[Attribute], fields: &Fields) -> TokenStream {
     let mapping = parse(cx, attrs);
     if let Some(span) = mapping.transparent {
         let mut fields = fields.iter();

@@ -13,12 +13,15 @@
 //! anonymous = 30                  # CARMY_RATE_LIMIT_ANONYMOUS; a level left out is unlimited
 //! known = 600                     # CARMY_RATE_LIMIT_KNOWN
 //!
-//! [[tokens]]                    # not overridable
+//! [[tokens]]                      # tables of tokens have no override
 //! id = "reporting"
 //! trust = "known"
 //! hash = "sha256:…"               # carmy::auth::hash_token, or printf %s "$TOKEN" | sha256sum
 //! permissions = ["confirm:cancel_order"]
 //! ```
+//!
+//! One `serde` struct per table, each refusing unknown keys, so a typo or a value of the wrong
+//! type (`"true"` for a bool) stops the start with the file and line.
 
 use std::num::{NonZeroU32, NonZeroU64};
 use std::ops::Range;
@@ -77,18 +80,21 @@ impl Config {
         text: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, Error> {
-        let mut file: File = toml::from_str(text)
-            .map_err(|error| Error::Config(format!("{origin}: {error}")))?;
+        let mut file: File =
+            toml::from_str(text).map_err(|error| Error::Config(format!("{origin}: {error}")))?;
         for (key, set) in OVERRIDES {
             let name = env_name(key);
             if let Some(value) = env(&name) {
                 set(&mut file, &value).map_err(|expected| {
-                    Error::Config(format!("`{name}` (`{key}`) must be {expected}, not `{value}`"))
+                    Error::Config(format!(
+                        "`{name}` (`{key}`) must be {expected}, not `{value}`"
+                    ))
                 })?;
             }
         }
-        file.into_config()
-            .map_err(|(error, span)| Error::Config(format!("{origin}:{}: {error}", line(text, &span))))
+        file.into_config().map_err(|(error, span)| {
+            Error::Config(format!("{origin}:{}: {error}", line(text, &span)))
+        })
     }
 }
 
@@ -164,13 +170,13 @@ fn known() -> TrustLevel {
 }
 
 fn trust_level<'de, D: Deserializer<'de>>(deserializer: D) -> Result<TrustLevel, D::Error> {
-    let name = String::deserialize(deserializer)?;
     const NAMES: &[&str] = &[
         TrustLevel::Anonymous.as_str(),
         TrustLevel::Known.as_str(),
         TrustLevel::Partner.as_str(),
         TrustLevel::Internal.as_str(),
     ];
+    let name = String::deserialize(deserializer)?;
     TrustLevel::from_name(&name).ok_or_else(|| serde::de::Error::unknown_variant(&name, NAMES))
 }
 

@@ -282,7 +282,6 @@ impl ToolError {
         Self::internal(codes::INTERNAL, "internal error").with_source(error)
     }
 
-
     /// Arguments that passed the schema but that the input type refused.
     pub(crate) fn undecodable_arguments(error: &serde_json::Error) -> Self {
         let mut error = Self::validation(

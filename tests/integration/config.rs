@@ -42,8 +42,11 @@ fn unknown_keys_and_bad_values_name_the_line() {
     let error = load("zero", "[rate_limit]\nknown = 0\n").unwrap_err();
     assert!(error.contains("line 2"), "{error}");
 
-    let error = load("trust", "[[tokens]]\nid = \"a\"\ntrust = \"root\"\nhash = \"x\"\n")
-        .unwrap_err();
+    let error = load(
+        "trust",
+        "[[tokens]]\nid = \"a\"\ntrust = \"root\"\nhash = \"x\"\n",
+    )
+    .unwrap_err();
     assert!(error.contains("line 3"), "{error}");
     assert!(error.contains("`partner`"), "{error}");
 
@@ -85,11 +88,12 @@ fn overrides_are_typed_and_name_their_variable() {
         "{error}"
     );
     assert!(carmy::Config::parse("", overrides("CARMY_SECURITY_HEADERS", "false")).is_ok());
+    assert!(carmy::Config::parse("", overrides("CARMY_RATE_LIMIT_WINDOW_SECS", "0")).is_err());
     assert!(
-        carmy::Config::parse("", overrides("CARMY_RATE_LIMIT_WINDOW_SECS", "0")).is_err()
-    );
-    assert!(
-        carmy::Config::parse("", overrides("CARMY_CORS_ALLOWED_ORIGINS", "https://a, https://b"))
-            .is_ok()
+        carmy::Config::parse(
+            "",
+            overrides("CARMY_CORS_ALLOWED_ORIGINS", "https://a, https://b")
+        )
+        .is_ok()
     );
 }

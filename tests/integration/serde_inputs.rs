@@ -1,6 +1,6 @@
-//! Inputs that use serde's attributes: the schema says what serde accepts, the defaults of a
-//! `#[serde(default)]` container reach the tool, and unknown fields are refused at every depth,
-//! also under a property named `default`, `enum` or `const`.
+//! Inputs that use serde's attributes (also through `cfg_attr`): the schema says what serde
+//! accepts, the defaults of a `#[serde(default)]` container reach the tool, and unknown fields
+//! are refused at every depth, also under a property named `default`, `enum` or `const`.
 
 use axum::http::StatusCode;
 use carmy::{JsonSchema, ToolError};
@@ -13,14 +13,15 @@ use serde_json::{Value, json};
 #[serde(default, rename_all = "camelCase")]
 struct Search {
     query_text: String,
+    #[cfg_attr(test, serde(rename = "limit"))]
     page_size: u32,
     #[serde(flatten)]
     paging: Paging,
     #[serde(skip)]
     cache_key: Option<u64>,
-    #[cfg(any())]
+    #[cfg(not(test))]
     compiled_out: NotAType,
-    #[cfg(all())]
+    #[cfg(test)]
     compiled_in: bool,
 }
 
@@ -121,14 +122,16 @@ async fn the_schema_says_what_serde_accepts() {
         .map(String::as_str)
         .collect();
     properties.sort_unstable();
-    assert_eq!(properties, ["compiledIn", "offset", "pageSize", "queryText"]);
-    assert_eq!(schema["properties"]["pageSize"]["default"], 25);
+    assert_eq!(properties, ["compiledIn", "limit", "offset", "queryText"]);
+    assert_eq!(schema["properties"]["limit"]["default"], 25);
     assert_eq!(schema["properties"]["queryText"]["default"], "*");
-    assert!(schema.get("required").is_none_or(|required| required
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|name| name == "offset")));
+    assert!(schema.get("required").is_none_or(|required| {
+        required
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|name| name == "offset")
+    }));
 
     let schema = input_schema("keywords").await;
     for key in ["default", "enum", "const"] {
@@ -143,13 +146,13 @@ async fn the_schema_says_what_serde_accepts() {
 async fn a_containers_defaults_reach_the_tool() {
     let answer = execute(
         &router(),
-        &json!({ "tool": "search", "arguments": { "pageSize": 5, "offset": 10 } }),
+        &json!({ "tool": "search", "arguments": { "limit": 5, "offset": 10 } }),
     )
     .await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.json());
     assert_eq!(
         answer.json()["data"],
-        json!({ "queryText": "*", "pageSize": 5, "offset": 10, "compiledIn": true })
+        json!({ "queryText": "*", "limit": 5, "offset": 10, "compiledIn": true })
     );
 }
 
@@ -157,16 +160,29 @@ async fn a_containers_defaults_reach_the_tool() {
 async fn unknown_fields_are_refused_at_every_depth() {
     let inner = json!({ "value": 1 });
     let valid = json!({ "default": inner, "enum": inner, "const": inner });
-    let answer = execute(&router(), &json!({ "tool": "keywords", "arguments": valid })).await;
+    let answer = execute(
+        &router(),
+        &json!({ "tool": "keywords", "arguments": valid }),
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.json());
 
     for (tool, arguments) in [
         ("search", json!({ "page_size": 5 })),
         ("search", json!({ "cache_key": 5 })),
         ("search", json!({ "compiled_out": 1 })),
-        ("keywords", json!({ "default": { "value": 1, "extra": 2 }, "enum": inner, "const": inner })),
-        ("keywords", json!({ "default": inner, "enum": { "value": 1, "extra": 2 }, "const": inner })),
-        ("keywords", json!({ "default": inner, "enum": inner, "const": { "value": 1, "extra": 2 } })),
+        (
+            "keywords",
+            json!({ "default": { "value": 1, "extra": 2 }, "enum": inner, "const": inner }),
+        ),
+        (
+            "keywords",
+            json!({ "default": inner, "enum": { "value": 1, "extra": 2 }, "const": inner }),
+        ),
+        (
+            "keywords",
+            json!({ "default": inner, "enum": inner, "const": { "value": 1, "extra": 2 } }),
+        ),
     ] {
         let answer = execute(&router(), &json!({ "tool": tool, "arguments": arguments })).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{arguments}");
@@ -193,6 +209,10 @@ async fn a_flattened_enum_accepts_its_fields_and_nothing_else() {
     ] {
         let answer = execute(&router(), &json!({ "tool": "ship", "arguments": invalid })).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{invalid}");
-        assert_eq!(answer.json()["error"]["code"], "INVALID_ARGUMENTS", "{invalid}");
+        assert_eq!(
+            answer.json()["error"]["code"],
+            "INVALID_ARGUMENTS",
+            "{invalid}"
+        );
     }
 }

@@ -10,8 +10,14 @@ use serde_json::json;
 
 #[derive(Debug, carmy::ToolError)]
 enum ShopError {
-    #[tool_error(code = "OUT_OF_STOCK", category = "conflict", suggest = "list_products")]
-    OutOfStock { sku: String },
+    #[tool_error(
+        code = "OUT_OF_STOCK",
+        category = "conflict",
+        suggest = "list_products"
+    )]
+    OutOfStock {
+        sku: String,
+    },
     #[tool_error(code = "WAREHOUSE_BUSY", category = "capacity", retry_after_secs = 2)]
     Busy,
     #[tool_error(transparent)]

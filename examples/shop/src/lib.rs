@@ -174,7 +174,11 @@ pub async fn get_order(State(shop): State<Shop>, input: OrderRef) -> Result<Orde
 #[derive(Debug, carmy::ToolError)]
 pub enum ShopError {
     /// No product has this sku.
-    #[tool_error(code = "PRODUCT_NOT_FOUND", category = "not_found", suggest = "list_products")]
+    #[tool_error(
+        code = "PRODUCT_NOT_FOUND",
+        category = "not_found",
+        suggest = "list_products"
+    )]
     ProductNotFound {
         /// The sku asked for.
         sku: String,
