@@ -357,8 +357,9 @@ impl fmt::Display for ToolError {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be converted into `carmy::ToolError`",
     label = "`carmy::IntoToolError` is not implemented for `{Self}`",
-    note = "implement `carmy::IntoToolError` for `{Self}` to choose its code and category, \
-            or map it where it occurs: `.map_err(carmy::ToolError::unexpected)?`"
+    note = "implement `carmy::IntoToolError` for `{Self}` to choose its code and category \
+            (a `std::error::Error` can also be mapped where it occurs, as an internal error, \
+            with `.map_err(carmy::ToolError::unexpected)?`)"
 )]
 pub trait IntoToolError {
     /// The error as agents see it.
