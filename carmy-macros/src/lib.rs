@@ -12,6 +12,7 @@ mod ctxt;
 mod expand;
 mod json_schema;
 mod symbol;
+mod tool_error;
 
 use proc_macro::TokenStream;
 
@@ -29,4 +30,16 @@ pub fn tool(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_derive(JsonSchema, attributes(schemars, serde, validate, garde))]
 pub fn derive_json_schema(input: TokenStream) -> TokenStream {
     json_schema::derive(input.into()).into()
+}
+
+/// Derives `carmy::IntoToolError`: maps an error type to its codes once, so `?` converts it in
+/// every tool.
+///
+/// Each variant (or the struct) takes `#[tool_error(code = "…", category = "…")]`, with
+/// optional `message = "…"` (else the `Display` text), `retryable`, `retry_after_secs = N` and
+/// `suggest = "tool"`; `#[tool_error(transparent)]` uses a one-field variant's own mapping; a
+/// variant without the attribute is `500 INTERNAL`, its `Display` text logged only.
+#[proc_macro_derive(ToolError, attributes(tool_error))]
+pub fn derive_tool_error(input: TokenStream) -> TokenStream {
+    tool_error::derive(input.into()).into()
 }

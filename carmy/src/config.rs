@@ -13,24 +13,30 @@
 //! anonymous = 30                  # CARMY_RATE_LIMIT_ANONYMOUS; a level left out is unlimited
 //! known = 600                     # CARMY_RATE_LIMIT_KNOWN
 //!
-//! [server]                      # CARMY_SERVER_HEAD_TIMEOUT_SECS…
+//! [server]                        # CARMY_SERVER_HEAD_TIMEOUT_SECS…
 //! head_timeout_secs = 10          # at most 15
 //! body_timeout_secs = 30          # at most 30
 //! idle_timeout_secs = 60          # at most 75
 //! max_connections = 10000         # default: 3/4 of the file-descriptor limit
 //! shutdown_grace_secs = 10
 //!
-//! [[tokens]]
+//! [[tokens]]                      # tables of tokens have no override
 //! id = "reporting"
 //! trust = "known"
 //! hash = "sha256:…"               # carmy::auth::hash_token, or printf %s "$TOKEN" | sha256sum
 //! permissions = ["confirm:cancel_order"]
 //! ```
+//!
+//! One `serde` struct per table, each refusing unknown keys, so a typo or a value of the wrong
+//! type (`"true"` for a bool) stops the start with the file and line.
 
+use std::num::{NonZeroU32, NonZeroU64};
+use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
 
-use toml::{Table, Value};
+use serde::{Deserialize, Deserializer};
+use toml::Spanned;
 
 use crate::auth::TokenAuthenticator;
 use crate::context::{Principal, TrustLevel};
@@ -41,7 +47,7 @@ use crate::serve::ServerConfig;
 /// The variable that names the configuration file (default `./carmy.toml`, when present).
 pub const CONFIG_PATH_VAR: &str = "CARMY_CONFIG";
 const DEFAULT_PATH: &str = "carmy.toml";
-const DEFAULT_WINDOW_SECS: u64 = 60;
+const DEFAULT_WINDOW_SECS: NonZeroU64 = NonZeroU64::new(60).expect("60 is not zero");
 
 /// The settings of `carmy.toml`, applied with [`App::config`](crate::App::config).
 #[derive(Debug, Default)]
@@ -65,275 +71,302 @@ impl Config {
         }
     }
 
-    /// Reads the file at `path`, then applies the `CARMY_*` overrides.
+    /// Reads the file at `path`, then applies the `CARMY_*` overrides. Errors name the file and
+    /// the line.
     pub fn load_from(path: &Path) -> Result<Self, Error> {
         let text = std::fs::read_to_string(path)
             .map_err(|error| Error::Config(format!("cannot read {}: {error}", path.display())))?;
-        Self::parse(&text, env_var)
+        Self::parse_file(&path.display().to_string(), &text, env_var)
     }
 
     /// Parses a `carmy.toml`, with overrides looked up by `env` (`CARMY_RATE_LIMIT_KNOWN`…).
     pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self, Error> {
-        let mut root: Table = text
-            .parse()
-            .map_err(|error: toml::de::Error| Error::Config(error.to_string()))?;
-        for path in OVERRIDABLE {
-            let name = format!("CARMY_{}", path.replace('.', "_").to_ascii_uppercase());
-            if let Some(value) = env(&name) {
-                set(&mut root, path, Value::String(value));
-            }
-        }
-        Self::from_table(Section::root(root))
+        Self::parse_file(DEFAULT_PATH, text, env)
     }
 
-    fn from_table(mut root: Section) -> Result<Self, Error> {
-        let trust_forwarded_for = root.bool("trust_forwarded_for")?.unwrap_or(false);
-        let security_headers = root.bool("security_headers")?.unwrap_or(false);
-        let cors_origins = match root.section("cors")? {
-            Some(mut cors) => {
-                let origins = cors.strings("allowed_origins")?;
-                cors.finish()?;
-                origins
+    fn parse_file(
+        origin: &str,
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, Error> {
+        let mut file: File =
+            toml::from_str(text).map_err(|error| Error::Config(format!("{origin}: {error}")))?;
+        for (key, set) in OVERRIDES {
+            let name = env_name(key);
+            if let Some(value) = env(&name) {
+                set(&mut file, &value).map_err(|expected| {
+                    Error::Config(format!(
+                        "`{name}` (`{key}`) must be {expected}, not `{value}`"
+                    ))
+                })?;
             }
-            None => Vec::new(),
-        };
-        let mut limits = [None; 4];
-        if let Some(mut rate_limit) = root.section("rate_limit")? {
-            let window_secs = rate_limit
-                .integer("window_secs")?
-                .unwrap_or(DEFAULT_WINDOW_SECS);
-            if window_secs == 0 {
-                return Err(rate_limit.invalid("window_secs", "a positive number of seconds"));
-            }
-            for trust in TrustLevel::ALL {
-                if let Some(requests) = rate_limit.integer(trust.as_str())? {
-                    let requests = u32::try_from(requests)
-                        .ok()
-                        .filter(|&requests| requests > 0)
-                        .ok_or_else(|| {
-                            rate_limit.invalid(trust.as_str(), "a number of requests from 1")
-                        })?;
-                    limits[trust.index()] = Some(RateLimit {
-                        requests,
-                        window: Duration::from_secs(window_secs),
-                    });
-                }
-            }
-            rate_limit.finish()?;
         }
-        let server = match root.section("server")? {
-            Some(section) => server_section(section)?,
-            None => ServerConfig::default(),
-        };
-        let authenticator = match root.take("tokens") {
-            None => None,
-            Some(Value::Array(tokens)) => {
-                let mut authenticator = TokenAuthenticator::new();
-                for (index, token) in tokens.into_iter().enumerate() {
-                    let path = format!("tokens[{index}]");
-                    let Value::Table(table) = token else {
-                        return Err(Error::Config(format!("`{path}` must be a table")));
-                    };
-                    authenticator = token_entry(authenticator, Section::new(path, table))?;
-                }
-                Some(authenticator)
-            }
-            Some(_) => {
-                return Err(Error::Config(
-                    "`tokens` must be an array of tables (`[[tokens]]`)".to_owned(),
-                ));
-            }
-        };
-        root.finish()?;
-        Ok(Config {
-            authenticator,
-            limits,
-            trust_forwarded_for,
-            cors_origins,
-            security_headers,
-            server,
+        file.into_config().map_err(|(error, span)| {
+            Error::Config(format!("{origin}:{}: {error}", line(text, &span)))
         })
     }
-}
-
-fn server_section(mut server: Section) -> Result<ServerConfig, Error> {
-    let mut secs = |key| Ok::<_, Error>(server.integer(key)?.map(Duration::from_secs));
-    let config = ServerConfig {
-        head_timeout: secs("head_timeout_secs")?,
-        body_timeout: secs("body_timeout_secs")?,
-        idle_timeout: secs("idle_timeout_secs")?,
-        shutdown_grace: secs("shutdown_grace_secs")?,
-        max_connections: server
-            .integer("max_connections")?
-            .map(|count| usize::try_from(count).unwrap_or(usize::MAX)),
-    };
-    server.finish()?;
-    Ok(config)
 }
 
 fn env_var(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
 
-/// The keys a `CARMY_*` variable overrides: `rate_limit.known` is `CARMY_RATE_LIMIT_KNOWN`.
-const OVERRIDABLE: &[&str] = &[
-    "trust_forwarded_for",
-    "security_headers",
-    "cors.allowed_origins",
-    "rate_limit.window_secs",
-    "rate_limit.anonymous",
-    "rate_limit.known",
-    "rate_limit.partner",
-    "rate_limit.internal",
-    "server.head_timeout_secs",
-    "server.body_timeout_secs",
-    "server.idle_timeout_secs",
-    "server.max_connections",
-    "server.shutdown_grace_secs",
+/// `rate_limit.known` is overridden by `CARMY_RATE_LIMIT_KNOWN`.
+fn env_name(key: &str) -> String {
+    format!("CARMY_{}", key.replace('.', "_").to_ascii_uppercase())
+}
+
+/// The 1-based line of a byte offset, for errors found after parsing.
+fn line(text: &str, span: &Range<usize>) -> usize {
+    text.get(..span.start)
+        .map_or(0, |before| before.matches('\n').count() + 1)
+}
+
+/// The file as written: one struct per table, unknown keys refused by serde (with their line).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct File {
+    trust_forwarded_for: bool,
+    security_headers: bool,
+    cors: Cors,
+    rate_limit: RateLimits,
+    server: Server,
+    /// `None` without a `[[tokens]]` table: no token authentication at all.
+    tokens: Option<Vec<Token>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Cors {
+    allowed_origins: Vec<String>,
+}
+
+/// Requests per window for each trust level; a level left out is unlimited.
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RateLimits {
+    window_secs: NonZeroU64,
+    anonymous: Option<NonZeroU32>,
+    known: Option<NonZeroU32>,
+    partner: Option<NonZeroU32>,
+    internal: Option<NonZeroU32>,
+}
+
+impl Default for RateLimits {
+    fn default() -> Self {
+        RateLimits {
+            window_secs: DEFAULT_WINDOW_SECS,
+            anonymous: None,
+            known: None,
+            partner: None,
+            internal: None,
+        }
+    }
+}
+
+/// Connection limits and shutdown; what is set replaces the builder's value.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Server {
+    head_timeout_secs: Option<NonZeroU64>,
+    body_timeout_secs: Option<NonZeroU64>,
+    idle_timeout_secs: Option<NonZeroU64>,
+    max_connections: Option<NonZeroU64>,
+    shutdown_grace_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Token {
+    id: String,
+    #[serde(default = "known", deserialize_with = "trust_level")]
+    trust: TrustLevel,
+    hash: Spanned<String>,
+    #[serde(default)]
+    permissions: Vec<String>,
+}
+
+fn known() -> TrustLevel {
+    TrustLevel::Known
+}
+
+fn trust_level<'de, D: Deserializer<'de>>(deserializer: D) -> Result<TrustLevel, D::Error> {
+    const NAMES: &[&str] = &[
+        TrustLevel::Anonymous.as_str(),
+        TrustLevel::Known.as_str(),
+        TrustLevel::Partner.as_str(),
+        TrustLevel::Internal.as_str(),
+    ];
+    let name = String::deserialize(deserializer)?;
+    TrustLevel::from_name(&name).ok_or_else(|| serde::de::Error::unknown_variant(&name, NAMES))
+}
+
+/// Sets one key from its `CARMY_*` variable; `Err` says what the value must be.
+type Override = fn(&mut File, &str) -> Result<(), &'static str>;
+
+/// Every scalar key and its override (lists are comma-separated). A new key adds a line.
+const OVERRIDES: &[(&str, Override)] = &[
+    ("trust_forwarded_for", |file, value| {
+        set(&mut file.trust_forwarded_for, value)
+    }),
+    ("security_headers", |file, value| {
+        set(&mut file.security_headers, value)
+    }),
+    ("cors.allowed_origins", |file, value| {
+        set(&mut file.cors.allowed_origins, value)
+    }),
+    ("rate_limit.window_secs", |file, value| {
+        set(&mut file.rate_limit.window_secs, value)
+    }),
+    ("rate_limit.anonymous", |file, value| {
+        set(&mut file.rate_limit.anonymous, value)
+    }),
+    ("rate_limit.known", |file, value| {
+        set(&mut file.rate_limit.known, value)
+    }),
+    ("rate_limit.partner", |file, value| {
+        set(&mut file.rate_limit.partner, value)
+    }),
+    ("rate_limit.internal", |file, value| {
+        set(&mut file.rate_limit.internal, value)
+    }),
+    ("server.head_timeout_secs", |file, value| {
+        set(&mut file.server.head_timeout_secs, value)
+    }),
+    ("server.body_timeout_secs", |file, value| {
+        set(&mut file.server.body_timeout_secs, value)
+    }),
+    ("server.idle_timeout_secs", |file, value| {
+        set(&mut file.server.idle_timeout_secs, value)
+    }),
+    ("server.max_connections", |file, value| {
+        set(&mut file.server.max_connections, value)
+    }),
+    ("server.shutdown_grace_secs", |file, value| {
+        set(&mut file.server.shutdown_grace_secs, value)
+    }),
 ];
 
-fn token_entry(
-    authenticator: TokenAuthenticator,
-    mut token: Section,
-) -> Result<TokenAuthenticator, Error> {
-    let id = token.string("id")?.ok_or_else(|| token.missing("id"))?;
-    let trust = match token.string("trust")? {
-        None => TrustLevel::Known,
-        Some(name) => TrustLevel::from_name(&name).ok_or_else(|| {
-            token.invalid(
-                "trust",
-                "one of `anonymous`, `known`, `partner`, `internal`",
-            )
-        })?,
-    };
-    let hash = token.string("hash")?.ok_or_else(|| token.missing("hash"))?;
-    let permissions = token.strings("permissions")?;
-    token.finish()?;
-    let principal = permissions
-        .into_iter()
-        .fold(Principal::new(id, trust), Principal::with_permission);
-    authenticator.token(&hash, principal)
+fn set<T: FromEnv>(slot: &mut T, value: &str) -> Result<(), &'static str> {
+    *slot = T::from_env(value.trim())?;
+    Ok(())
 }
 
-/// Sets `path` (`section.key`) in `root`, creating the section.
-fn set(root: &mut Table, path: &str, value: Value) {
-    match path.split_once('.') {
-        None => {
-            root.insert(path.to_owned(), value);
-        }
-        Some((section, key)) => {
-            let section = root.entry(section).or_insert(Value::Table(Table::new()));
-            if let Value::Table(section) = section {
-                section.insert(key.to_owned(), value);
+/// A value read from a `CARMY_*` variable.
+trait FromEnv: Sized {
+    /// The value, or what it must be.
+    fn from_env(text: &str) -> Result<Self, &'static str>;
+}
+
+macro_rules! from_env_by_parse {
+    ($($ty:ty => $expected:literal),* $(,)?) => {
+        $(
+            impl FromEnv for $ty {
+                fn from_env(text: &str) -> Result<Self, &'static str> {
+                    text.parse().map_err(|_| $expected)
+                }
             }
-        }
+        )*
+    };
+}
+
+from_env_by_parse! {
+    bool => "`true` or `false`",
+    NonZeroU32 => "a number from 1",
+    NonZeroU64 => "a number from 1",
+    u64 => "a whole number",
+}
+
+impl<T: FromEnv> FromEnv for Option<T> {
+    fn from_env(text: &str) -> Result<Self, &'static str> {
+        T::from_env(text).map(Some)
     }
 }
 
-/// A table being read: every key taken is removed, so what is left at the end is unknown.
-struct Section {
-    /// The table's path, empty for the root.
-    path: String,
-    table: Table,
+impl FromEnv for Vec<String> {
+    fn from_env(text: &str) -> Result<Self, &'static str> {
+        Ok(text
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .map(str::to_owned)
+            .collect())
+    }
 }
 
-impl Section {
-    fn root(table: Table) -> Self {
-        Self::new(String::new(), table)
-    }
-
-    fn new(path: String, table: Table) -> Self {
-        Section { path, table }
-    }
-
-    fn key_path(&self, key: &str) -> String {
-        if self.path.is_empty() {
-            key.to_owned()
-        } else {
-            format!("{}.{key}", self.path)
-        }
-    }
-
-    fn invalid(&self, key: &str, expected: &str) -> Error {
-        Error::Config(format!("`{}` must be {expected}", self.key_path(key)))
-    }
-
-    fn missing(&self, key: &str) -> Error {
-        Error::Config(format!("`{}` is required", self.key_path(key)))
-    }
-
-    fn take(&mut self, key: &str) -> Option<Value> {
-        self.table.remove(key)
-    }
-
-    fn section(&mut self, key: &str) -> Result<Option<Section>, Error> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(Value::Table(table)) => Ok(Some(Section::new(self.key_path(key), table))),
-            Some(_) => Err(self.invalid(key, "a table")),
-        }
-    }
-
-    /// A boolean, or an override's `true` / `false`.
-    fn bool(&mut self, key: &str) -> Result<Option<bool>, Error> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(Value::Boolean(value)) => Ok(Some(value)),
-            Some(Value::String(text)) if text.parse::<bool>().is_ok() => Ok(text.parse().ok()),
-            Some(_) => Err(self.invalid(key, "`true` or `false`")),
-        }
-    }
-
-    /// A non-negative integer, or an override's digits.
-    fn integer(&mut self, key: &str) -> Result<Option<u64>, Error> {
-        let value = match self.take(key) {
-            None => return Ok(None),
-            Some(Value::Integer(value)) => u64::try_from(value).ok(),
-            Some(Value::String(text)) => text.trim().parse().ok(),
-            Some(_) => None,
+impl File {
+    /// The settings, or an error and the span of the value at fault.
+    fn into_config(self) -> Result<Config, (Error, Range<usize>)> {
+        let File {
+            trust_forwarded_for,
+            security_headers,
+            cors: Cors { allowed_origins },
+            rate_limit,
+            server,
+            tokens,
+        } = self;
+        let RateLimits {
+            window_secs,
+            anonymous,
+            known,
+            partner,
+            internal,
+        } = rate_limit;
+        let window = Duration::from_secs(window_secs.get());
+        let limits = [anonymous, known, partner, internal].map(|requests| {
+            requests.map(|requests| RateLimit {
+                requests: requests.get(),
+                window,
+            })
+        });
+        let authenticator = match tokens {
+            None => None,
+            Some(tokens) => Some(tokens.into_iter().try_fold(
+                TokenAuthenticator::new(),
+                |authenticator, token| {
+                    let Token {
+                        id,
+                        trust,
+                        hash,
+                        permissions,
+                    } = token;
+                    let principal = permissions
+                        .into_iter()
+                        .fold(Principal::new(id, trust), Principal::with_permission);
+                    authenticator
+                        .token(hash.get_ref(), principal)
+                        .map_err(|error| (error, hash.span()))
+                },
+            )?),
         };
-        value
-            .map(Some)
-            .ok_or_else(|| self.invalid(key, "a non-negative integer"))
+        Ok(Config {
+            authenticator,
+            limits,
+            trust_forwarded_for,
+            cors_origins: allowed_origins,
+            security_headers,
+            server: server.into_config(),
+        })
     }
+}
 
-    fn string(&mut self, key: &str) -> Result<Option<String>, Error> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(Value::String(value)) => Ok(Some(value)),
-            Some(_) => Err(self.invalid(key, "a string")),
-        }
-    }
-
-    /// An array of strings, or an override's comma-separated list.
-    fn strings(&mut self, key: &str) -> Result<Vec<String>, Error> {
-        match self.take(key) {
-            None => Ok(Vec::new()),
-            Some(Value::String(list)) => Ok(list
-                .split(',')
-                .map(str::trim)
-                .filter(|item| !item.is_empty())
-                .map(str::to_owned)
-                .collect()),
-            Some(Value::Array(items)) => items
-                .into_iter()
-                .map(|item| match item {
-                    Value::String(item) => Ok(item),
-                    _ => Err(self.invalid(key, "an array of strings")),
-                })
-                .collect(),
-            Some(_) => Err(self.invalid(key, "an array of strings")),
-        }
-    }
-
-    /// Refuses whatever key was not taken.
-    fn finish(self) -> Result<(), Error> {
-        match self.table.keys().next() {
-            None => Ok(()),
-            Some(key) => Err(Error::Config(format!(
-                "unknown key `{}`",
-                self.key_path(key)
-            ))),
+impl Server {
+    fn into_config(self) -> ServerConfig {
+        let Server {
+            head_timeout_secs,
+            body_timeout_secs,
+            idle_timeout_secs,
+            max_connections,
+            shutdown_grace_secs,
+        } = self;
+        let secs = |secs: Option<NonZeroU64>| secs.map(|secs| Duration::from_secs(secs.get()));
+        ServerConfig {
+            head_timeout: secs(head_timeout_secs),
+            body_timeout: secs(body_timeout_secs),
+            idle_timeout: secs(idle_timeout_secs),
+            max_connections: max_connections
+                .map(|count| usize::try_from(count.get()).unwrap_or(usize::MAX)),
+            shutdown_grace: shutdown_grace_secs.map(Duration::from_secs),
         }
     }
 }
@@ -347,20 +380,35 @@ mod tests {
     }
 
     #[test]
-    fn unknown_keys_are_named_with_their_path() {
+    fn server_limits() {
+        let config = Config::parse(
+            "[server]\nhead_timeout_secs = 5\nmax_connections = 100\n",
+            |name| (name == "CARMY_SERVER_BODY_TIMEOUT_SECS").then(|| "20".to_owned()),
+        )
+        .unwrap();
+        assert_eq!(config.server.head_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(config.server.body_timeout, Some(Duration::from_secs(20)));
+        assert_eq!(config.server.idle_timeout, None);
+        assert_eq!(config.server.max_connections, Some(100));
+        let error = parse("[server]\nhead_timeout = 5\n").unwrap_err();
+        assert!(error.contains("unknown field `head_timeout`"), "{error}");
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_their_line() {
         let error = parse("[rate_limit]\nanonymus = 3\n").unwrap_err();
-        assert!(
-            error.contains("unknown key `rate_limit.anonymus`"),
-            "{error}"
-        );
+        assert!(error.contains("line 2"), "{error}");
+        assert!(error.contains("unknown field `anonymus`"), "{error}");
+        assert!(error.contains("`anonymous`"), "{error}");
         let error = parse("colour = 1\n").unwrap_err();
-        assert!(error.contains("unknown key `colour`"), "{error}");
+        assert!(error.contains("unknown field `colour`"), "{error}");
         let hash = crate::auth::hash_token("t");
         let error = parse(&format!(
             "[[tokens]]\nid = \"a\"\nhash = \"{hash}\"\nrole = \"x\"\n"
         ))
         .unwrap_err();
-        assert!(error.contains("unknown key `tokens[0].role`"), "{error}");
+        assert!(error.contains("line 4"), "{error}");
+        assert!(error.contains("unknown field `role`"), "{error}");
     }
 
     #[test]
@@ -375,7 +423,8 @@ mod tests {
             })
         );
         assert!(parse("[rate_limit]\nknown = 0\n").is_err());
-        assert!(parse("[rate_limit]\nknown = \"many\"\n").is_err());
+        assert!(parse("[rate_limit]\nknown = \"5\"\n").is_err());
+        assert!(parse("[rate_limit]\nwindow_secs = 0\n").is_err());
     }
 
     #[test]
@@ -400,35 +449,34 @@ mod tests {
             (name == "CARMY_RATE_LIMIT_KNOWN").then(|| "lots".to_owned())
         })
         .unwrap_err();
-        assert!(error.to_string().contains("`rate_limit.known`"), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("`CARMY_RATE_LIMIT_KNOWN` (`rate_limit.known`) must be a number from 1"),
+            "{error}"
+        );
     }
 
     #[test]
-    fn server_limits() {
-        let config = Config::parse(
-            "[server]\nhead_timeout_secs = 5\nmax_connections = 100\n",
-            |name| (name == "CARMY_SERVER_BODY_TIMEOUT_SECS").then(|| "20".to_owned()),
-        )
-        .unwrap();
-        assert_eq!(config.server.head_timeout, Some(Duration::from_secs(5)));
-        assert_eq!(config.server.body_timeout, Some(Duration::from_secs(20)));
-        assert_eq!(config.server.idle_timeout, None);
-        assert_eq!(config.server.max_connections, Some(100));
-        let error = parse("[server]\nhead_timeout = 5\n").unwrap_err();
-        assert!(
-            error.contains("unknown key `server.head_timeout`"),
-            "{error}"
-        );
+    fn every_override_names_a_key_of_the_file() {
+        for (key, _) in OVERRIDES {
+            let text = match key.split_once('.') {
+                Some((table, key)) => format!("[{table}]\n{key} = {{}}\n"),
+                None => format!("{key} = {{}}\n"),
+            };
+            let error = toml::from_str::<File>(&text).unwrap_err().to_string();
+            assert!(!error.contains("unknown field"), "{key}: {error}");
+        }
     }
 
     #[test]
     fn tokens_are_stored_as_digests_only() {
         let error = parse("[[tokens]]\nid = \"a\"\nhash = \"plain-token\"\n").unwrap_err();
         assert!(error.contains("sha256:"), "{error}");
-        assert!(
-            parse("[[tokens]]\nhash = \"x\"\n")
-                .unwrap_err()
-                .contains("`tokens[0].id`")
-        );
+        assert!(error.contains("carmy.toml:3:"), "{error}");
+        let error = parse("[[tokens]]\nhash = \"x\"\n").unwrap_err();
+        assert!(error.contains("missing field `id`"), "{error}");
+        let error = parse("[[tokens]]\nid = \"a\"\ntrust = \"admin\"\nhash = \"x\"\n").unwrap_err();
+        assert!(error.contains("unknown variant `admin`"), "{error}");
     }
 }

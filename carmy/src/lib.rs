@@ -22,7 +22,7 @@ mod tool_error;
 mod wire;
 
 pub use app::{App, app};
-pub use carmy_macros::{JsonSchema, tool};
+pub use carmy_macros::{JsonSchema, ToolError, tool};
 pub use config::Config;
 pub use context::Context;
 pub use error::Error;
@@ -32,7 +32,7 @@ pub use schema_trait::*;
 pub use serve::{Server, shutdown_signal};
 pub use state::State;
 pub use tool::{Confirmation, Effect, ToolDescriptor};
-pub use tool_error::{Category, ToolError};
+pub use tool_error::{Category, IntoToolError, ToolError};
 
 /// The `JsonSchema` trait; the glob lets `carmy_macros::JsonSchema` take the macro namespace.
 mod schema_trait {

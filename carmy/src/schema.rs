@@ -2,7 +2,9 @@
 //! (`protocol.md` §2): self-contained, no `$schema` or root `title`, inputs closed to unknown
 //! properties.
 
+use schemars::Schema;
 use schemars::generate::SchemaSettings;
+use schemars::transform::{Transform, transform_subschemas};
 use serde_json::{Map, Value};
 
 use crate::tool::{DescribeInput, DescribeOutput};
@@ -10,11 +12,12 @@ use crate::tool::{DescribeInput, DescribeOutput};
 /// The input schema of `T`: what the tool deserializes.
 #[doc(hidden)]
 pub fn input_schema<T: DescribeInput>() -> Value {
-    let schema = settings()
+    let mut schema = settings()
         .for_deserialize()
         .into_generator()
         .into_root_schema_for::<T>();
-    finish_input(schema.to_value())
+    CloseObjects.transform(&mut schema);
+    finish(schema.to_value())
 }
 
 /// The output schema of `T`: what the tool serializes.
@@ -49,47 +52,66 @@ fn finish(mut schema: Value) -> Value {
     schema
 }
 
-/// [`finish`], then closes every plain object schema to unknown properties, unless the type set
-/// `additionalProperties` itself (that is how an input opts out).
-fn finish_input(schema: Value) -> Value {
-    let mut schema = finish(schema);
-    close_objects(&mut schema);
-    schema
-}
+/// Closes every object schema to unknown properties, unless the type set
+/// `additionalProperties` itself (that is how an input opts out). schemars' walker knows which
+/// keywords hold subschemas, so a property named `default` or `enum` is still a schema and a
+/// `default` value is still data.
+struct CloseObjects;
 
-fn close_objects(schema: &mut Value) {
-    match schema {
-        Value::Object(object) => {
-            if is_plain_object_schema(object) {
-                object.insert("additionalProperties".to_owned(), Value::Bool(false));
-            }
-            for (key, value) in object.iter_mut() {
-                // Literal values are data, not schemas.
-                if !matches!(key.as_str(), "const" | "enum" | "default" | "examples") {
-                    close_objects(value);
-                }
-            }
-        }
-        Value::Array(items) => items.iter_mut().for_each(close_objects),
-        _ => {}
+impl Transform for CloseObjects {
+    fn transform(&mut self, schema: &mut Schema) {
+        close(schema, true);
     }
 }
 
-/// An object schema with `properties` and nothing that would make `additionalProperties: false`
-/// wrong (composition keywords see properties the object itself does not list).
-fn is_plain_object_schema(object: &Map<String, Value>) -> bool {
+const COMPOSITIONS: [&str; 3] = ["allOf", "anyOf", "oneOf"];
+
+/// Closes `schema` (when `here`) and every object below it. An object that also composes
+/// subschemas (a `#[serde(flatten)]`ed enum) is closed with `unevaluatedProperties`, which sees
+/// the properties its parts declare; those parts are not closed themselves, or each would
+/// refuse the others' properties.
+fn close(schema: &mut Schema, here: bool) {
+    let Some(object) = schema.as_object_mut() else {
+        return;
+    };
+    let parts: Vec<(&str, Value)> = if is_open_object_schema(object) {
+        let parts: Vec<_> = COMPOSITIONS
+            .into_iter()
+            .filter_map(|key| object.remove(key).map(|value| (key, value)))
+            .collect();
+        let keyword = if parts.is_empty() {
+            "additionalProperties"
+        } else {
+            "unevaluatedProperties"
+        };
+        if here {
+            object.insert(keyword.to_owned(), Value::Bool(false));
+        }
+        parts
+    } else {
+        Vec::new()
+    };
+    transform_subschemas(&mut CloseObjects, schema);
+    let Some(object) = schema.as_object_mut() else {
+        return;
+    };
+    for (key, mut value) in parts {
+        for part in value.as_array_mut().into_iter().flatten() {
+            if let Ok(part) = <&mut Schema>::try_from(part) {
+                close(part, false);
+            }
+        }
+        object.insert(key.to_owned(), value);
+    }
+}
+
+/// An object schema with `properties` whose type did not choose what to do with unknown ones.
+fn is_open_object_schema(object: &Map<String, Value>) -> bool {
     object.get("type").and_then(Value::as_str) == Some("object")
         && object.contains_key("properties")
-        && ![
-            "additionalProperties",
-            "allOf",
-            "anyOf",
-            "oneOf",
-            "$ref",
-            "unevaluatedProperties",
-        ]
-        .iter()
-        .any(|key| object.contains_key(*key))
+        && !["additionalProperties", "$ref", "unevaluatedProperties"]
+            .iter()
+            .any(|key| object.contains_key(*key))
 }
 
 /// Whether a root schema is an object schema, as every input schema must be.

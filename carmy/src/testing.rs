@@ -21,6 +21,7 @@
 //! # }
 //! ```
 
+use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -120,7 +121,10 @@ impl<'a> IntoFuture for PendingCall<'a> {
 }
 
 /// The answer to a call: the body an HTTP client would get, parsed.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Its `Debug` and `Display` lead with the outcome (`failed: OUT_OF_STOCK: MS-01 is out of
+/// stock`), so a failed assertion says why the call failed.
+#[derive(Clone, PartialEq)]
 pub struct Response {
     /// How the execution ended.
     pub status: ExecutionStatus,
@@ -131,13 +135,53 @@ pub struct Response {
 }
 
 impl Response {
-    /// The tool's output (`null` unless the call completed).
+    /// The tool's output.
+    ///
+    /// # Panics
+    ///
+    /// When the call did not complete, with the error's code and message.
+    #[track_caller]
     pub fn data(&self) -> &Value {
-        &self.body["data"]
+        match self.body.get("data") {
+            Some(data) if self.status == ExecutionStatus::Completed => data,
+            _ => panic!("the call has no data: {self}"),
+        }
     }
 
     /// The error code, when the call did not complete.
     pub fn error_code(&self) -> Option<&str> {
         self.body["error"]["code"].as_str()
+    }
+
+    /// The error message, when the call did not complete.
+    pub fn error_message(&self) -> Option<&str> {
+        self.body["error"]["message"].as_str()
+    }
+}
+
+impl fmt::Display for Response {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let replayed = if self.replayed { " (replayed)" } else { "" };
+        match (self.status, self.error_code()) {
+            (ExecutionStatus::Completed, _) => {
+                write!(f, "completed{replayed}: {}", self.body["data"])
+            }
+            (status, Some(code)) => write!(
+                f,
+                "{}{replayed}: {code}: {}",
+                status.as_str(),
+                self.error_message().unwrap_or_default()
+            ),
+            (status, None) => write!(f, "{}{replayed}: {}", status.as_str(), self.body),
+        }
+    }
+}
+
+impl fmt::Debug for Response {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Response")
+            .field("outcome", &format_args!("{self}"))
+            .field("body", &self.body)
+            .finish()
     }
 }

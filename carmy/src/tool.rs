@@ -218,7 +218,7 @@ impl Invocation {
 
     pub fn state<T: Clone + Send + Sync + 'static>(&self) -> Result<T, ToolError> {
         self.states.get::<T>().cloned().ok_or_else(|| {
-            ToolError::internal_message(format!(
+            ToolError::unexpected(format!(
                 "state `{}` missing at call time",
                 std::any::type_name::<T>()
             ))
@@ -270,17 +270,17 @@ pub trait DescribeOutput: schemars::JsonSchema {}
 #[diagnostic::do_not_recommend]
 impl<T: schemars::JsonSchema> DescribeOutput for T {}
 
-/// An error type a tool can return.
+/// An error type a tool can return: [`ToolError`] itself, or any [`IntoToolError`](crate::IntoToolError) type.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be converted into `carmy::ToolError`",
     label = "the error type of a carmy tool must convert into `carmy::ToolError`",
-    note = "implement `std::error::Error` for `{Self}` (it becomes an internal error), or \
-            `From<{Self}> for carmy::ToolError` to choose its code and category"
+    note = "implement `carmy::IntoToolError` for `{Self}` to choose its code and category, \
+            or return `carmy::ToolError`"
 )]
-pub trait IntoToolError: Into<ToolError> {}
+pub trait ToolResultError: Into<ToolError> {}
 
 #[diagnostic::do_not_recommend]
-impl<E: Into<ToolError>> IntoToolError for E {}
+impl<E: Into<ToolError>> ToolResultError for E {}
 
 /// Deserializes the (already validated) arguments into the tool's input type.
 #[doc(hidden)]
@@ -290,7 +290,7 @@ pub fn input<T: DeserializeInput>(invocation: &Invocation) -> Result<T, ToolErro
 
 /// Converts the tool's error, whatever its type, into a [`ToolError`].
 #[doc(hidden)]
-pub fn ok_or_tool_error<T, E: IntoToolError>(result: Result<T, E>) -> Result<T, ToolError> {
+pub fn ok_or_tool_error<T, E: ToolResultError>(result: Result<T, E>) -> Result<T, ToolError> {
     result.map_err(Into::into)
 }
 

@@ -77,8 +77,9 @@ pub(crate) use crate::wire::codes;
 ///     .retryable(Duration::from_secs(2));
 /// ```
 ///
-/// Any `std::error::Error` converts into an `internal` error: its text is logged, and the agent
-/// only sees a generic message, so internals never leak.
+/// A tool's own error type converts with `?` once it implements [`IntoToolError`] (or derives
+/// it with `#[derive(carmy::ToolError)]`); io, serde, `String` and `anyhow` errors convert into
+/// an `internal` error whose text is logged while the agent sees a generic message.
 pub struct ToolError {
     inner: Box<Inner>,
 }
@@ -248,9 +249,11 @@ impl ToolError {
             .details(serde_json::json!({ "reason": reason.into() }))
     }
 
-    /// An internal error from a message that must not reach the client.
-    pub(crate) fn internal_message(message: String) -> Self {
-        Self::internal(codes::INTERNAL, "internal error").with_source(message)
+    /// `500 INTERNAL` for a failure the agent can do nothing about: `error` goes to the logs,
+    /// the agent sees "internal error". `.map_err(ToolError::unexpected)?` maps any error this
+    /// way where it occurs.
+    pub fn unexpected(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::internal(codes::INTERNAL, "internal error").with_source(error)
     }
 
     /// Arguments that passed the schema but that the input type refused.
@@ -298,10 +301,80 @@ impl fmt::Display for ToolError {
     }
 }
 
-/// Any error type becomes an internal error; its text goes to the logs, not to the client.
-impl<E: std::error::Error + Send + Sync + 'static> From<E> for ToolError {
+/// An error type that knows which [`ToolError`] it is. Implement it once on your error type (or
+/// `#[derive(carmy::ToolError)]`), and `?` converts it in every tool, as does returning
+/// `Result<T, YourError>` from a tool.
+///
+/// ```
+/// use carmy::{IntoToolError, ToolError};
+///
+/// enum StockError {
+///     OutOfStock(String),
+///     Database(std::io::Error),
+/// }
+///
+/// impl IntoToolError for StockError {
+///     fn into_tool_error(self) -> ToolError {
+///         match self {
+///             StockError::OutOfStock(sku) => {
+///                 ToolError::conflict("OUT_OF_STOCK", format!("{sku} is out of stock"))
+///             }
+///             StockError::Database(error) => ToolError::unexpected(error),
+///         }
+///     }
+/// }
+/// ```
+///
+/// carmy implements it for the errors a tool meets without choosing a code: `std::io::Error`,
+/// `serde_json::Error`, `String`, `&str`, `Box<dyn Error + Send + Sync>` and, with the `anyhow`
+/// feature, `anyhow::Error`. They become `500 INTERNAL`: the text is logged, never sent.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be converted into `carmy::ToolError`",
+    label = "`carmy::IntoToolError` is not implemented for `{Self}`",
+    note = "implement `carmy::IntoToolError` for `{Self}` to choose its code and category \
+            (a `std::error::Error` can also be mapped where it occurs, as an internal error, \
+            with `.map_err(carmy::ToolError::unexpected)?`)"
+)]
+pub trait IntoToolError {
+    /// The error as agents see it.
+    fn into_tool_error(self) -> ToolError;
+}
+
+/// What makes `?` work in tools: every [`IntoToolError`] type converts.
+impl<E: IntoToolError> From<E> for ToolError {
     fn from(error: E) -> Self {
-        Self::internal(codes::INTERNAL, "internal error").with_source(error)
+        error.into_tool_error()
+    }
+}
+
+/// Errors that carry no code of their own: internal, logged only.
+macro_rules! unexpected_errors {
+    ($($(#[$meta:meta])* $ty:ty),* $(,)?) => {
+        $(
+            $(#[$meta])*
+            impl IntoToolError for $ty {
+                fn into_tool_error(self) -> ToolError {
+                    ToolError::unexpected(self)
+                }
+            }
+        )*
+    };
+}
+
+unexpected_errors! {
+    std::io::Error,
+    serde_json::Error,
+    String,
+    &str,
+    Box<dyn std::error::Error + Send + Sync>,
+    #[cfg(feature = "anyhow")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "anyhow")))]
+    anyhow::Error,
+}
+
+impl IntoToolError for std::convert::Infallible {
+    fn into_tool_error(self) -> ToolError {
+        match self {}
     }
 }
 

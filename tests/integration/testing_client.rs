@@ -48,3 +48,24 @@ async fn calls_can_be_made_as_a_given_principal() {
     let answer = client.call("wipe", json!({})).principal(operator).await;
     assert_eq!(answer.data()["text"], "wiped by operator");
 }
+
+#[tokio::test]
+async fn a_failed_call_shows_its_code_and_message() {
+    let client = Client::new(tools::app(&Probe::default())).unwrap();
+    let failed = client.call("echo", json!({ "text": 1 })).await;
+    let outcome = "failed: INVALID_ARGUMENTS: arguments do not match the input schema";
+    assert_eq!(failed.to_string(), outcome);
+    assert!(format!("{failed:?}").contains(outcome), "{failed:?}");
+
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        failed.data();
+    }))
+    .expect_err("data() of a failed call panics");
+    assert_eq!(
+        panic.downcast_ref::<String>().map(String::as_str),
+        Some(&*format!("the call has no data: {outcome}"))
+    );
+
+    let completed = client.call("echo", json!({ "text": "hi" })).await;
+    assert_eq!(completed.to_string(), r#"completed: {"text":"hi"}"#);
+}

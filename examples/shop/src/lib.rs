@@ -131,11 +131,7 @@ pub struct Placed {
 pub async fn create_order(State(shop): State<Shop>, input: NewOrder) -> Result<Placed, ToolError> {
     let mut inventory = shop.lock();
     let Some(product) = inventory.products.get_mut(&input.sku) else {
-        return Err(ToolError::not_found(
-            "PRODUCT_NOT_FOUND",
-            format!("no product with sku `{}`", input.sku),
-        )
-        .suggest("list_products"));
+        return Err(ShopError::ProductNotFound { sku: input.sku }.into());
     };
     if product.stock < input.quantity {
         return Err(ToolError::conflict(
@@ -165,17 +161,41 @@ pub struct OrderRef {
 
 /// Read an order.
 #[carmy::tool(effect = "read", idempotent = true)]
-pub async fn get_order(State(shop): State<Shop>, input: OrderRef) -> Result<Order, ToolError> {
+pub async fn get_order(State(shop): State<Shop>, input: OrderRef) -> Result<Order, ShopError> {
     shop.lock()
         .orders
         .iter()
         .find(|order| order.order_id == input.order_id)
         .cloned()
-        .ok_or_else(|| order_not_found(input.order_id))
+        .ok_or(ShopError::OrderNotFound(input.order_id))
 }
 
-fn order_not_found(order_id: u64) -> ToolError {
-    ToolError::not_found("ORDER_NOT_FOUND", format!("no order with id {order_id}"))
+/// The shop's own failures, mapped to codes once: a tool returns them, or `?` converts them.
+#[derive(Debug, carmy::ToolError)]
+pub enum ShopError {
+    /// No product has this sku.
+    #[tool_error(
+        code = "PRODUCT_NOT_FOUND",
+        category = "not_found",
+        suggest = "list_products"
+    )]
+    ProductNotFound {
+        /// The sku asked for.
+        sku: String,
+    },
+    /// No order has this id.
+    #[tool_error(code = "ORDER_NOT_FOUND", category = "not_found")]
+    OrderNotFound(u64),
+}
+
+/// What the agent reads as the error's message.
+impl std::fmt::Display for ShopError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShopError::ProductNotFound { sku } => write!(f, "no product with sku `{sku}`"),
+            ShopError::OrderNotFound(order_id) => write!(f, "no order with id {order_id}"),
+        }
+    }
 }
 
 /// The products on sale.
@@ -197,14 +217,14 @@ pub async fn list_products(State(shop): State<Shop>) -> Result<Products, ToolErr
 ///
 /// Needs the user's confirmation, granted on the server side.
 #[carmy::tool(effect = "destructive", idempotent = true, confirmation = "required")]
-pub async fn cancel_order(State(shop): State<Shop>, input: OrderRef) -> Result<Order, ToolError> {
+pub async fn cancel_order(State(shop): State<Shop>, input: OrderRef) -> Result<Order, ShopError> {
     let mut inventory = shop.lock();
     let inventory = &mut *inventory;
     let order = inventory
         .orders
         .iter_mut()
         .find(|order| order.order_id == input.order_id)
-        .ok_or_else(|| order_not_found(input.order_id))?;
+        .ok_or(ShopError::OrderNotFound(input.order_id))?;
     if order.status == OrderStatus::Placed {
         order.status = OrderStatus::Cancelled;
         if let Some(product) = inventory.products.get_mut(&order.sku) {

@@ -69,7 +69,8 @@ async fn ignored_input(_: Query) -> Result<bool, ToolError> {
     Ok(true)
 }
 
-#[derive(Debug)]
+#[derive(Debug, carmy::ToolError)]
+#[tool_error(code = "STORE_DOWN", category = "capacity", retryable)]
 struct StoreDown;
 
 impl std::fmt::Display for StoreDown {
@@ -80,7 +81,7 @@ impl std::fmt::Display for StoreDown {
 
 impl std::error::Error for StoreDown {}
 
-/// Any `std::error::Error` converts into a `ToolError`.
+/// An error type mapped with `#[derive(carmy::ToolError)]` is returned as is.
 #[carmy::tool(effect = "read")]
 async fn std_error() -> Result<u64, StoreDown> {
     Err(StoreDown)
