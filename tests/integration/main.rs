@@ -16,6 +16,7 @@ mod replicas;
 mod routes;
 mod schemas;
 mod shutdown;
+mod skips;
 mod socket;
 mod store_contract;
 mod store_outage;
