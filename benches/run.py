@@ -94,7 +94,7 @@ STORES = {
 }
 
 SERVERS = {
-    "baseline": lambda: [str(TARGET / "release" / "baseline")],
+    "baseline": lambda: [str(TARGET / "release" / "examples" / "baseline")],
     "carmy": lambda: [str(TARGET / "release" / "shop")],
     "carmy 0.6": lambda: [str(PEERS_TARGET / "release" / "carmy06")],
     "rmcp": lambda: [str(PEERS_TARGET / "release" / "rmcp_shop")],
@@ -112,7 +112,7 @@ def run(command, **kwargs):
 
 
 def build():
-    run(["cargo", "build", "--release", "-p", "shop", "-p", "carmy-benches", "--bins"], cwd=ROOT)
+    run(["cargo", "build", "--release", "-p", "shop", "-p", "carmy-benches", "--bins", "--example", "baseline"], cwd=ROOT)
     env = dict(os.environ, CARGO_TARGET_DIR=str(PEERS_TARGET))
     run(["cargo", "build", "--release", "--manifest-path", str(ROOT / "benches/peers/Cargo.toml")], cwd=ROOT, env=env)
 

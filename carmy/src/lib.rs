@@ -1,4 +1,6 @@
-#![doc = include_str!("../../README.md")]
+#![doc = include_str!("../README.md")]
+// On docs.rs (nightly), items behind a cargo feature carry a badge naming it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod app;
 pub mod auth;

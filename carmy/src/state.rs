@@ -7,7 +7,7 @@ use std::collections::HashMap;
 ///
 /// ```ignore
 /// #[carmy::tool(effect = "read")]
-/// async fn count(State(db): State<Db>) -> Result<u64, ToolError> { … }
+/// async fn count(State(db): State<Db>) -> Result<u64, ToolError> { Ok(db.count().await) }
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct State<T>(pub T);

@@ -25,6 +25,7 @@ mod routes;
 mod schemas;
 mod serde_inputs;
 mod shutdown;
+mod skips;
 mod socket;
 mod startup;
 mod store_contract;

@@ -4,7 +4,7 @@
 //! `.ci/run` installs the clients and names them in `CARMY_MCP_PYTHON` (a virtualenv's python)
 //! and `CARMY_MCP_NODE` (node, with `npm ci` run in `tests/mcp-clients`), and the built example
 //! in `CARMY_SHOP_BIN`. Without them the tests say so and pass, so `cargo test` works on a fresh
-//! machine; under CI (`CI` set) a missing one fails.
+//! machine; with `CARMY_REQUIRE_SERVICES` set (`.ci/run`) a missing one fails.
 
 use std::path::{Path, PathBuf};
 
@@ -12,16 +12,9 @@ use carmy_tests::Server;
 
 const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mcp-clients");
 
-/// The program named by `variable`, or `None` (with the reason printed) outside CI.
+/// The program named by `variable`; `None` (the test skipped, saying so) when it is unset.
 fn program(variable: &str) -> Option<PathBuf> {
-    match std::env::var_os(variable) {
-        Some(path) => Some(PathBuf::from(path)),
-        None if std::env::var_os("CI").is_some() => panic!("CI must set {variable}"),
-        None => {
-            eprintln!("skipped: {variable} is not set (.ci/run sets it)");
-            None
-        }
-    }
+    carmy_tests::server_url(variable).map(PathBuf::from)
 }
 
 /// Runs a client script to its end (each script gives up by itself after 60 s); fails the test

@@ -244,14 +244,26 @@ pub async fn execute_at(addr: std::net::SocketAddr, body: &Value) -> Answer {
     }
 }
 
-/// The URL of a real server for the tests that need one, from `var`; `None` (and a printed
-/// reason) when it is unset, so that those tests pass as skipped on a machine without it.
-/// `.ci/run` sets every such variable.
+/// The location of a service some tests need, from `var`: a server's URL, or a client program.
+///
+/// Unset, the test is skipped and says so on stderr, written directly: libtest hides what a
+/// passing test prints with `eprintln!`. With `CARMY_REQUIRE_SERVICES` set, as `.ci/run` sets
+/// it, the test fails instead, so CI never skips a test.
 pub fn server_url(var: &str) -> Option<String> {
+    use std::io::Write as _;
     match std::env::var(var) {
         Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var_os("CARMY_REQUIRE_SERVICES").is_some() => {
+            panic!("{var} is not set, and CARMY_REQUIRE_SERVICES forbids skipping")
+        }
         _ => {
-            eprintln!("skipped: {var} is not set (.ci/run sets it to a server on this machine)");
+            // libtest runs each test on a thread named after it.
+            let thread = std::thread::current();
+            let test = thread.name().unwrap_or("a test");
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED {test}: needs {var} (.ci/run sets it)"
+            );
             None
         }
     }
