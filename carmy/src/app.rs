@@ -12,6 +12,7 @@ use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::context::TrustLevel;
 use crate::error::Error;
+use crate::health::{Dependencies, Health};
 use crate::http::{self, HttpSettings};
 use crate::idempotency::{IdempotencyStore, MemoryStore};
 #[cfg(feature = "mcp")]
@@ -48,6 +49,9 @@ pub struct App {
     #[cfg(feature = "mcp")]
     mcp: McpSettings,
     shutdown_grace: Duration,
+    health: Health,
+    health_interval: Duration,
+    drain_delay: Duration,
 }
 
 impl std::fmt::Debug for App {
@@ -81,6 +85,9 @@ impl App {
             #[cfg(feature = "mcp")]
             mcp: McpSettings::default(),
             shutdown_grace: Duration::from_secs(10),
+            health: Health::default(),
+            health_interval: Duration::from_secs(10),
+            drain_delay: Duration::from_secs(5),
         }
     }
 
@@ -210,6 +217,27 @@ impl App {
         self
     }
 
+    /// After a shutdown signal, how long [`App::serve`] keeps accepting connections with
+    /// readiness failing, so load balancers notice before the listener closes (default 5 s,
+    /// cut to the grace period).
+    pub fn drain_delay(mut self, delay: Duration) -> Self {
+        self.drain_delay = delay;
+        self
+    }
+
+    /// How often the shared idempotency store and rate-limit backend are checked in the
+    /// background for `/agent/health` and readiness (default 10 s).
+    pub fn health_check_interval(mut self, interval: Duration) -> Self {
+        self.health_interval = interval;
+        self
+    }
+
+    /// The service's health, to report from the host (`report_degrading`, …) and to
+    /// `subscribe` to its `health.changed` events. Take it before [`App::router`].
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
     /// Allows MCP requests from a browser origin besides the loopback ones, e.g.
     /// `https://app.example.com`. Any other `Origin` is refused with `403`.
     #[cfg(feature = "mcp")]
@@ -254,6 +282,7 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), Error> {
         let grace = self.shutdown_grace;
+        let drain_delay = self.drain_delay.min(grace);
         let (router, runtime) = self.build()?;
         tracing::info!(addr = %listener.local_addr()?, "serving carmy/1");
         // Events of a stream are small writes: without TCP_NODELAY, Nagle's algorithm holds
@@ -266,11 +295,14 @@ impl App {
         let canceller = Arc::clone(&runtime);
         let signal = async move {
             shutdown.await;
+            canceller.health().begin_shutdown();
             tracing::info!(?grace, "shutting down: waiting for executions in flight");
             tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
                 canceller.cancel_all();
             });
+            // Still accepting, readiness failing: load balancers take the replica out first.
+            tokio::time::sleep(drain_delay).await;
         };
         // The peer address keys the rate limits of anonymous callers. Under a plain
         // `axum::serve(listener, router)` it is unknown, and anonymous callers share one budget.
@@ -328,11 +360,20 @@ impl App {
         };
         let catalog = Catalog::build(self.tools, &self.states)?;
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let limited = self.protection.limits.iter().any(Option::is_some);
+        self.health.watch(
+            Dependencies {
+                store: Arc::clone(&store),
+                limiter: limited.then_some(self.protection.limiter),
+            },
+            self.health_interval,
+        );
         let runtime = Arc::new(Runtime::new(
             Arc::new(catalog),
             self.states,
             store,
             self.settings,
+            self.health,
         ));
         Ok((name, runtime))
     }

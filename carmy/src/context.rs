@@ -5,6 +5,7 @@ use std::sync::{Arc, LazyLock};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::health::Health;
 use crate::runtime::Event;
 
 /// How far a caller is trusted. Ordered: `Anonymous < Known < Partner < Internal`.
@@ -143,6 +144,7 @@ struct ContextInner {
     principal: Principal,
     cancellation: CancellationToken,
     events: Option<tokio::sync::mpsc::UnboundedSender<Event>>,
+    health: Health,
 }
 
 impl Context {
@@ -152,6 +154,7 @@ impl Context {
         principal: Principal,
         cancellation: CancellationToken,
         events: Option<tokio::sync::mpsc::UnboundedSender<Event>>,
+        health: Health,
     ) -> Self {
         Context {
             inner: Arc::new(ContextInner {
@@ -160,6 +163,7 @@ impl Context {
                 principal,
                 cancellation,
                 events,
+                health,
             }),
         }
     }
@@ -183,6 +187,12 @@ impl Context {
     /// future is dropped right after; use the token to stop work handed to other tasks.
     pub fn cancellation_token(&self) -> &CancellationToken {
         &self.inner.cancellation
+    }
+
+    /// The service's health: a tool that finds a dependency broken reports it
+    /// (`ctx.health().report_degrading("…")`).
+    pub fn health(&self) -> &Health {
+        &self.inner.health
     }
 
     /// Whether the execution has been cancelled.

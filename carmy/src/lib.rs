@@ -6,6 +6,7 @@ mod catalog;
 pub mod config;
 mod context;
 mod error;
+pub mod health;
 mod http;
 pub mod idempotency;
 #[cfg(feature = "mcp")]
@@ -23,6 +24,7 @@ pub use carmy_macros::{JsonSchema, tool};
 pub use config::Config;
 pub use context::{Context, Principal, TrustLevel};
 pub use error::Error;
+pub use health::Health;
 pub use idempotency::ExecutionStatus;
 pub use schema_trait::*;
 pub use state::State;

@@ -8,6 +8,7 @@ mod disconnect;
 mod discovery;
 mod execute;
 mod fuzz;
+mod health;
 mod idempotency;
 mod mcp;
 mod mcp_clients;

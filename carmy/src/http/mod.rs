@@ -4,6 +4,7 @@
 mod documents;
 pub(crate) mod error;
 mod execute;
+mod health;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use crate::tool_error::{ToolError, codes};
 pub(crate) use documents::Documents;
 #[cfg(feature = "mcp")]
 pub(crate) use documents::MCP_PATH;
+pub(crate) use health::is_probe;
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
 #[derive(Clone)]
@@ -42,6 +44,7 @@ pub(crate) fn router(
     mcp: bool,
 ) -> Router {
     let documents = Arc::new(Documents::build(name, runtime.catalog(), mcp));
+    let health = health::router(runtime.health().clone());
     let documents = Router::new()
         .route(documents::DISCOVERY_PATH, get(documents::discovery))
         .route(documents::CATALOG_PATH, get(documents::catalog))
@@ -54,6 +57,7 @@ pub(crate) fn router(
         });
     documents
         .merge(execute)
+        .merge(health)
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
 }

@@ -358,4 +358,15 @@ impl IdempotencyStore for PostgresStore {
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(purge(&self.pool))
     }
+
+    fn ping(&self) -> Option<BoxFuture<'_, Result<(), StoreError>>> {
+        Some(Box::pin(async move {
+            self.client()
+                .await?
+                .simple_query("SELECT 1")
+                .await
+                .map_err(failed)?;
+            Ok(())
+        }))
+    }
 }

@@ -231,4 +231,13 @@ impl IdempotencyStore for RedisStore {
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(std::future::ready(Ok(0)))
     }
+
+    fn ping(&self) -> Option<BoxFuture<'_, Result<(), StoreError>>> {
+        Some(Box::pin(async move {
+            redis::cmd("PING")
+                .query_async::<()>(&mut self.connection.clone())
+                .await
+                .map_err(failed)
+        }))
+    }
 }

@@ -22,6 +22,7 @@ use tracing::Instrument;
 
 use crate::catalog::Catalog;
 use crate::context::{Context, Principal, Progress};
+use crate::health::Health;
 use crate::idempotency::{
     ExecutionStatus, Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation,
     StoredResponse,
@@ -109,6 +110,7 @@ pub(crate) struct Runtime {
     /// Fired to cancel every execution (the end of a graceful shutdown).
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    health: Health,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -153,6 +155,7 @@ impl Runtime {
         states: StateMap,
         store: Arc<dyn IdempotencyStore>,
         settings: Settings,
+        health: Health,
     ) -> Self {
         let serial = catalog
             .tools()
@@ -169,11 +172,16 @@ impl Runtime {
             serial,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            health,
         }
     }
 
     pub(crate) fn catalog(&self) -> &Catalog {
         &self.catalog
+    }
+
+    pub(crate) fn health(&self) -> &Health {
+        &self.health
     }
 
     /// Cancels every execution still running.
@@ -455,6 +463,7 @@ impl Runtime {
             prepared.principal.clone(),
             token.clone(),
             events.cloned(),
+            self.health.clone(),
         );
         let invocation = Invocation {
             arguments: Arc::clone(&prepared.arguments),
