@@ -85,7 +85,7 @@ impl App {
             #[cfg(feature = "mcp")]
             mcp: McpSettings::default(),
             shutdown_grace: Duration::from_secs(10),
-            health: Health::default(),
+            health: Health::new(),
             health_interval: Duration::from_secs(10),
             drain_delay: Duration::from_secs(5),
         }

@@ -207,12 +207,6 @@ impl Snapshot {
     }
 }
 
-impl Default for Health {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Health {
     /// A healthy service, since now, with the `config` component passing.
     pub(crate) fn new() -> Self {
