@@ -11,6 +11,7 @@ use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::context::TrustLevel;
 use crate::error::Error;
+use crate::health::{Dependencies, Health};
 use crate::http::{self, HttpSettings};
 use crate::idempotency::{IdempotencyStore, MemoryStore};
 #[cfg(feature = "mcp")]
@@ -48,6 +49,8 @@ pub struct App {
     #[cfg(feature = "mcp")]
     mcp: McpSettings,
     server: Server,
+    health: Health,
+    health_interval: Duration,
 }
 
 impl std::fmt::Debug for App {
@@ -81,6 +84,8 @@ impl App {
             #[cfg(feature = "mcp")]
             mcp: McpSettings::default(),
             server: Server::new(),
+            health: Health::new(),
+            health_interval: Duration::from_secs(10),
         }
     }
 
@@ -222,6 +227,27 @@ impl App {
         self
     }
 
+    /// After a shutdown signal, how long [`App::serve`] keeps accepting connections with
+    /// readiness failing, so load balancers notice before the listener closes (default 5 s,
+    /// cut to the grace period).
+    pub fn drain_delay(mut self, delay: Duration) -> Self {
+        self.server = self.server.drain_delay(delay);
+        self
+    }
+
+    /// How often the shared idempotency store and rate-limit backend are checked in the
+    /// background for `/agent/health` and readiness (default 10 s).
+    pub fn health_check_interval(mut self, interval: Duration) -> Self {
+        self.health_interval = interval;
+        self
+    }
+
+    /// The service's health, to report from the host (`report_degrading`, …) and to
+    /// `subscribe` to its `health.changed` events. Take it before [`App::router`].
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
     /// How long a client has to send a whole request body once its head arrived: past it the
     /// call is refused with `408 REQUEST_TIMEOUT` (default 30 s, also the most).
     pub fn body_timeout(mut self, timeout: Duration) -> Self {
@@ -341,11 +367,20 @@ impl App {
         let catalog = Catalog::build(self.tools, &self.states)?;
         log_tools(&catalog);
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let limited = self.protection.limits.iter().any(Option::is_some);
+        self.health.watch(
+            Dependencies {
+                store: Arc::clone(&store),
+                limiter: limited.then_some(self.protection.limiter),
+            },
+            self.health_interval,
+        );
         let runtime = Arc::new(Runtime::new(
             Arc::new(catalog),
             self.states,
             store,
             self.settings,
+            self.health,
         )?);
         Ok((name, runtime))
     }

@@ -19,6 +19,7 @@
 //! idle_timeout_secs = 60          # at most 75
 //! max_connections = 10000         # default: 3/4 of the file-descriptor limit
 //! shutdown_grace_secs = 10
+//! drain_delay_secs = 5            # readiness fails this long before the listener closes
 //!
 //! [[tokens]]                      # tables of tokens have no override
 //! id = "reporting"
@@ -173,6 +174,7 @@ struct Server {
     idle_timeout_secs: Option<NonZeroU64>,
     max_connections: Option<NonZeroU64>,
     shutdown_grace_secs: Option<u64>,
+    drain_delay_secs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -244,6 +246,9 @@ const OVERRIDES: &[(&str, Override)] = &[
     }),
     ("server.shutdown_grace_secs", |file, value| {
         set(&mut file.server.shutdown_grace_secs, value)
+    }),
+    ("server.drain_delay_secs", |file, value| {
+        set(&mut file.server.drain_delay_secs, value)
     }),
 ];
 
@@ -358,6 +363,7 @@ impl Server {
             idle_timeout_secs,
             max_connections,
             shutdown_grace_secs,
+            drain_delay_secs,
         } = self;
         let secs = |secs: Option<NonZeroU64>| secs.map(|secs| Duration::from_secs(secs.get()));
         ServerConfig {
@@ -367,6 +373,7 @@ impl Server {
             max_connections: max_connections
                 .map(|count| usize::try_from(count.get()).unwrap_or(usize::MAX)),
             shutdown_grace: shutdown_grace_secs.map(Duration::from_secs),
+            drain_delay: drain_delay_secs.map(Duration::from_secs),
         }
     }
 }

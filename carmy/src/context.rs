@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::health::Health;
 pub(crate) use crate::principal::{Principal, TrustLevel};
 
 /// A progress report from a tool, streamed to clients that asked for events.
@@ -146,6 +147,7 @@ struct ContextInner {
     principal: Principal,
     cancellation: CancellationToken,
     events: Option<EventSender>,
+    health: Health,
 }
 
 impl Context {
@@ -155,6 +157,7 @@ impl Context {
         principal: Principal,
         cancellation: CancellationToken,
         events: Option<EventSender>,
+        health: Health,
     ) -> Self {
         Context {
             inner: Arc::new(ContextInner {
@@ -163,6 +166,7 @@ impl Context {
                 principal,
                 cancellation,
                 events,
+                health,
             }),
         }
     }
@@ -186,6 +190,12 @@ impl Context {
     /// future is dropped right after; use the token to stop work handed to other tasks.
     pub fn cancellation_token(&self) -> &CancellationToken {
         &self.inner.cancellation
+    }
+
+    /// The service's health: a tool that finds a dependency broken reports it
+    /// (`ctx.health().report_degrading("…")`).
+    pub fn health(&self) -> &Health {
+        &self.inner.health
     }
 
     /// Whether the execution has been cancelled.

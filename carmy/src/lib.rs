@@ -8,6 +8,7 @@ mod catalog;
 pub mod config;
 mod context;
 mod error;
+pub mod health;
 mod http;
 pub mod idempotency;
 #[cfg(feature = "mcp")]
@@ -28,6 +29,7 @@ pub use carmy_macros::{JsonSchema, ToolError, tool};
 pub use config::Config;
 pub use context::Context;
 pub use error::Error;
+pub use health::Health;
 pub use principal::{Principal, TrustLevel};
 pub use runtime::ExecutionStatus;
 pub use schema_trait::*;

@@ -48,6 +48,7 @@ pub(crate) struct ServerConfig {
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) max_connections: Option<usize>,
     pub(crate) shutdown_grace: Option<Duration>,
+    pub(crate) drain_delay: Option<Duration>,
 }
 
 /// Serves a router over HTTP/1 and HTTP/2 with the limits a public server needs, which a plain
@@ -72,6 +73,7 @@ pub struct Server {
     idle_timeout: Duration,
     max_connections: Option<usize>,
     shutdown_grace: Duration,
+    drain_delay: Duration,
 }
 
 impl Default for Server {
@@ -82,13 +84,14 @@ impl Default for Server {
 
 impl Server {
     /// Head timeout 10 s, idle timeout 60 s, connections capped by the file-descriptor limit,
-    /// shutdown grace 10 s.
+    /// shutdown grace 10 s, of which the first 5 s drain.
     pub fn new() -> Self {
         Server {
             head_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_connections: None,
             shutdown_grace: Duration::from_secs(10),
+            drain_delay: Duration::from_secs(5),
         }
     }
 
@@ -120,6 +123,14 @@ impl Server {
         self
     }
 
+    /// After the shutdown signal, how long the server keeps accepting and answering while
+    /// readiness fails, so load balancers take the replica out before the listener closes
+    /// (default 5 s; part of the grace period, cut to it).
+    pub fn drain_delay(mut self, delay: Duration) -> Self {
+        self.drain_delay = delay;
+        self
+    }
+
     /// The `[server]` settings of `carmy.toml` that are set.
     pub(crate) fn configure(mut self, config: &ServerConfig) -> Self {
         let ServerConfig {
@@ -128,11 +139,13 @@ impl Server {
             idle_timeout,
             max_connections,
             shutdown_grace,
+            drain_delay,
         } = *config;
         self.head_timeout = head_timeout.unwrap_or(self.head_timeout);
         self.idle_timeout = idle_timeout.unwrap_or(self.idle_timeout);
         self.max_connections = max_connections.or(self.max_connections);
         self.shutdown_grace = shutdown_grace.unwrap_or(self.shutdown_grace);
+        self.drain_delay = drain_delay.unwrap_or(self.drain_delay);
         self
     }
 
@@ -177,6 +190,17 @@ impl Server {
         let builder = Arc::new(self.builder());
         let graceful = GracefulShutdown::new();
         let close = CancellationToken::new();
+        let drain_delay = self.drain_delay.min(self.shutdown_grace);
+        let health = runtime.as_ref().map(|runtime| runtime.health().clone());
+        let shutdown = async move {
+            shutdown.await;
+            if let Some(health) = health {
+                health.begin_shutdown();
+            }
+            // Still accepting, readiness failing: load balancers take the replica out first.
+            tracing::info!(?drain_delay, "shutting down: readiness fails, draining");
+            tokio::time::sleep(drain_delay).await;
+        };
         tokio::pin!(shutdown);
         loop {
             // At the cap, new connections wait in the listen backlog; silent ones holding the
@@ -215,7 +239,8 @@ impl Server {
         tracing::info!(grace = ?self.shutdown_grace, "shutting down: waiting for requests in flight");
         let connections = graceful.shutdown();
         tokio::pin!(connections);
-        let drained = tokio::time::timeout(self.shutdown_grace, async {
+        let rest_of_grace = self.shutdown_grace.saturating_sub(drain_delay);
+        let drained = tokio::time::timeout(rest_of_grace, async {
             (&mut connections).await;
             if let Some(runtime) = &runtime {
                 runtime.wait_idle().await;

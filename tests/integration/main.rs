@@ -12,6 +12,7 @@ mod discovery;
 mod embedding;
 mod execute;
 mod fuzz;
+mod health;
 mod idempotency;
 mod mcp;
 mod mcp_clients;

@@ -46,7 +46,7 @@ async fn refused_in_time(router: &axum::Router, call: &serde_json::Value, code: 
 }
 
 /// The `host:port` of a `scheme://[user@]host:port/…` URL, and the URL with another one.
-fn split_authority(url: &str) -> (SocketAddr, impl Fn(SocketAddr) -> String) {
+pub(crate) fn split_authority(url: &str) -> (SocketAddr, impl Fn(SocketAddr) -> String) {
     let (scheme, rest) = url.split_once("://").expect("a URL with an authority");
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);

@@ -23,8 +23,8 @@ pub(crate) const DISCOVERY_PATH: &str = "/.well-known/agent";
 pub(crate) const CATALOG_PATH: &str = "/agent/tools";
 pub(crate) const EXECUTE_PATH: &str = "/agent/execute";
 const PROTOCOL: &str = "carmy/1";
-const CAPABILITIES: &[&str] = &["tools", "streaming", "idempotency"];
-const CAPABILITIES_WITH_MCP: &[&str] = &["tools", "streaming", "idempotency", "mcp"];
+const CAPABILITIES: &[&str] = &["tools", "streaming", "idempotency", "health"];
+const CAPABILITIES_WITH_MCP: &[&str] = &["tools", "streaming", "idempotency", "mcp", "health"];
 /// Where MCP is served, when it is.
 pub(crate) const MCP_PATH: &str = "/mcp";
 
@@ -63,6 +63,7 @@ struct DiscoveryBody<'a> {
     execute_url: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     mcp_url: Option<&'static str>,
+    health_url: &'static str,
 }
 
 #[derive(Serialize)]
@@ -129,6 +130,7 @@ impl LevelDocuments {
             tools_version: catalog.hash(),
             execute_url: EXECUTE_PATH,
             mcp_url: mcp.then_some(MCP_PATH),
+            health_url: super::health::HEALTH_PATH,
         });
         LevelDocuments { discovery, catalog }
     }

@@ -4,6 +4,7 @@
 mod documents;
 pub(crate) mod error;
 mod execute;
+mod health;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,7 @@ use crate::wire::codes;
 pub(crate) use documents::Documents;
 #[cfg(feature = "mcp")]
 pub(crate) use documents::MCP_PATH;
+pub(crate) use health::is_probe;
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
 #[derive(Clone)]
@@ -47,6 +49,7 @@ pub(crate) fn router(
     mcp: bool,
 ) -> Router {
     let documents = Arc::new(Documents::build(name, runtime.catalog(), mcp));
+    let health = health::router(runtime.health().clone());
     let documents = Router::new()
         .route(documents::DISCOVERY_PATH, get(documents::discovery))
         .route(documents::CATALOG_PATH, get(documents::catalog))
@@ -59,6 +62,7 @@ pub(crate) fn router(
         });
     let mut router = documents
         .merge(execute)
+        .merge(health)
         .method_not_allowed_fallback(method_not_allowed);
     let mut owned = vec!["/agent", "/agent/{*rest}", "/.well-known/agent/{*rest}"];
     if mcp {

@@ -239,6 +239,12 @@ pub trait IdempotencyStore: Send + Sync + 'static {
 
     /// Drops expired records; returns how many. Stores also expire records on their own.
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>>;
+
+    /// Checks that the store answers, for the health checks (run in the background, never per
+    /// request). `None`, the default, for a store in the process: nothing to check.
+    fn ping(&self) -> Option<BoxFuture<'_, Result<(), StoreError>>> {
+        None
+    }
 }
 
 /// A shared store (`connect` returns one) is a store too.
@@ -273,5 +279,9 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
 
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
         (**self).purge_expired()
+    }
+
+    fn ping(&self) -> Option<BoxFuture<'_, Result<(), StoreError>>> {
+        (**self).ping()
     }
 }

@@ -455,4 +455,15 @@ impl IdempotencyStore for PostgresStore {
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(purge(&self.pool, self.options.command_timeout))
     }
+
+    fn ping(&self) -> Option<BoxFuture<'_, Result<(), StoreError>>> {
+        Some(Box::pin(within(self.options.command_timeout, async move {
+            client(&self.pool)
+                .await?
+                .simple_query("SELECT 1")
+                .await
+                .map_err(failed)?;
+            Ok(())
+        })))
+    }
 }

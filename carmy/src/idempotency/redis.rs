@@ -379,4 +379,13 @@ impl IdempotencyStore for RedisStore {
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(std::future::ready(Ok(0)))
     }
+
+    fn ping(&self) -> Option<BoxFuture<'_, Result<(), StoreError>>> {
+        Some(Box::pin(within(self.timeout, async move {
+            redis::cmd("PING")
+                .query_async::<()>(&mut self.inner.connection.clone())
+                .await
+                .map_err(failed)
+        })))
+    }
 }

@@ -18,6 +18,7 @@ use axum::response::Response;
 use serde_json::json;
 
 use crate::auth::{self, Authenticator};
+use crate::http::is_probe;
 use crate::principal::{Principal, TrustLevel};
 use crate::tool_error::ToolError;
 use crate::wire::{
@@ -106,7 +107,9 @@ impl Protection {
         }
         let (mut parts, body) = request.into_parts();
         let principal = auth::principal_of(&parts, self.authenticator.as_deref()).await?;
-        if let Some(limit) = self.limits[principal.trust().index()] {
+        // Probes (`/agent/health…`) spend no budget: an orchestrator polls them all day.
+        let limit = self.limits[principal.trust().index()].filter(|_| !is_probe(parts.uri.path()));
+        if let Some(limit) = limit {
             let key = self.rate_key(&principal, &parts.headers, &parts.extensions);
             if let Decision::Limited { retry_after } = self.limiter.check(&key, limit).await? {
                 return Err(ToolError::capacity(

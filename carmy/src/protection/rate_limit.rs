@@ -40,6 +40,12 @@ pub trait RateLimiter: Send + Sync + 'static {
         key: &'a str,
         limit: RateLimit,
     ) -> BoxFuture<'a, Result<Decision, ToolError>>;
+
+    /// Checks that the limiter's backend answers, for the health checks (run in the
+    /// background, never per request). `None`, the default, for a limiter in the process.
+    fn ping(&self) -> Option<BoxFuture<'_, Result<(), Box<dyn std::error::Error + Send + Sync>>>> {
+        None
+    }
 }
 
 /// The in-process limiter (the default). Memory stays bounded: a key whose window has passed is

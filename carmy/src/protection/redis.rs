@@ -107,4 +107,13 @@ impl RateLimiter for RedisRateLimiter {
                 })
         })
     }
+
+    fn ping(&self) -> Option<BoxFuture<'_, Result<(), Box<dyn std::error::Error + Send + Sync>>>> {
+        Some(Box::pin(async move {
+            redis::cmd("PING")
+                .query_async::<()>(&mut self.connection.clone())
+                .await
+                .map_err(Into::into)
+        }))
+    }
 }

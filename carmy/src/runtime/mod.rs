@@ -28,6 +28,7 @@ use tracing::Instrument;
 use crate::catalog::Catalog;
 use crate::context::{Context, Event, EventSender};
 use crate::error::Error;
+use crate::health::Health;
 use crate::idempotency::{
     Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoredResponse,
 };
@@ -125,6 +126,7 @@ pub(crate) struct Runtime {
     shutdown: CancellationToken,
     tasks: TaskTracker,
     logs: StoreLogs,
+    health: Health,
 }
 
 /// One rate limit per log line about the store: an outage fails every call.
@@ -190,6 +192,7 @@ impl Runtime {
         states: StateMap,
         store: Arc<dyn IdempotencyStore>,
         settings: Settings,
+        health: Health,
     ) -> Result<Self, Error> {
         check_record_ttl(&catalog, &settings)?;
         let serial = catalog
@@ -208,11 +211,16 @@ impl Runtime {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             logs: StoreLogs::default(),
+            health,
         })
     }
 
     pub(crate) fn catalog(&self) -> &Catalog {
         &self.catalog
+    }
+
+    pub(crate) fn health(&self) -> &Health {
+        &self.health
     }
 
     /// Cancels every execution still running.
@@ -485,6 +493,7 @@ impl Runtime {
             prepared.principal.clone(),
             token.clone(),
             events.cloned(),
+            self.health.clone(),
         );
         let invocation = Invocation {
             arguments: Arc::clone(&prepared.arguments),
@@ -600,7 +609,7 @@ impl Runtime {
             return outcome;
         };
         match kept {
-            Kept::Nothing => self.release(&prepared, key).await,
+            Kept::Nothing => self.release(prepared, key).await,
             Kept::Uncertain => {
                 let finish = Finish::Uncertain {
                     execution_id: prepared.execution_id.clone(),
