@@ -182,11 +182,17 @@ def etag_of(target):
 def measure(args):
     if args.compare:
         SERVERS[PREVIOUS] = lambda: [str(Path(args.compare).resolve())]
-    etags = {target: etag_of(target) for target in ["baseline", "carmy", "carmy 0.6"]}
+    measured = ["baseline", "carmy", "carmy 0.6"]
+    etags = {target: etag_of(target) for target in measured
+             if not args.servers or target in args.servers or target == "baseline"}
     table = scenarios(etags)
     if args.scenario:
         table = {name: targets for name, targets in table.items()
                  if any(wanted in name for wanted in args.scenario)}
+    if args.servers:
+        table = {name: {target: request for target, request in targets.items()
+                        if target in args.servers or target == "baseline"}
+                 for name, targets in table.items()}
     if args.compare:
         for name, targets in table.items():
             if name == "catalog 304":
@@ -302,6 +308,8 @@ def main():
     parser.add_argument("--only", choices=["http", "micro", "scale", "check"], action="append")
     parser.add_argument("--scenario", action="append",
                         help="run only the HTTP scenarios whose name contains this (repeatable)")
+    parser.add_argument("--servers", action="append",
+                        help="measure only these servers beside the baseline (repeatable)")
     parser.add_argument("--compare", metavar="BIN",
                         help="another build of the example to measure beside today's")
     args = parser.parse_args()
