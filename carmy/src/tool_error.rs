@@ -266,7 +266,7 @@ impl ToolError {
             "errors": [Violation {
                 path: String::new(),
                 keyword: "deserialize".to_owned(),
-                message: error.to_string(),
+                message: clip(&error.to_string()),
             }]
         }));
         error.inner.rejected_before_running = true;
@@ -422,7 +422,36 @@ pub(crate) struct Violation {
     pub(crate) message: String,
 }
 
+/// How much of a value, a name or a message an error echoes, in bytes.
+pub(crate) const MAX_ECHO: usize = 256;
+
+/// `text`, cut at [`MAX_ECHO`] bytes (on a character boundary) with `…` when longer.
+pub(crate) fn clip(text: &str) -> String {
+    if text.len() <= MAX_ECHO {
+        return text.to_owned();
+    }
+    let mut end = MAX_ECHO;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 /// Whole seconds to wait, rounded up so a client never retries too early.
 pub(crate) fn retry_after_secs(after: Duration) -> u64 {
     u64::try_from(after.as_millis().div_ceil(1000)).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_keeps_short_text_and_cuts_long_text_on_a_character() {
+        assert_eq!(clip("short"), "short");
+        let long = "é".repeat(MAX_ECHO);
+        let clipped = clip(&long);
+        assert!(clipped.len() <= MAX_ECHO + '…'.len_utf8());
+        assert!(clipped.ends_with('…'));
+    }
 }

@@ -179,6 +179,24 @@ async fn non_object_arguments_are_invalid_arguments() {
 }
 
 #[tokio::test]
+async fn a_types_refusal_never_echoes_a_large_input() {
+    let router = router(&Probe::default());
+    let word = format!("forbidden{}", "x".repeat(200 * 1024));
+    let answer = execute(
+        &router,
+        &json!({ "tool": "picky", "arguments": { "word": word } }),
+    )
+    .await;
+    assert!(answer.body.len() < 16 * 1024, "{} bytes", answer.body.len());
+    let body = assert_execution(&answer, StatusCode::BAD_REQUEST, "failed");
+    let message = body["error"]["details"]["errors"][0]["message"]
+        .as_str()
+        .unwrap();
+    assert!(message.starts_with("the word \"forbiddenxxx"), "{message}");
+    assert!(message.ends_with('…'), "{message}");
+}
+
+#[tokio::test]
 async fn arguments_the_type_refuses_are_invalid_arguments_and_nothing_runs() {
     let probe = Probe::default();
     let router = router(&probe);

@@ -21,8 +21,8 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use super::error::status_for;
 use crate::context::{Event, EventReceiver, event_channel};
 use crate::principal::Principal;
-use crate::runtime::{self, Call, Outcome, Runtime, clip, response};
-use crate::tool_error::{ToolError, retry_after_secs};
+use crate::runtime::{self, Call, Outcome, Runtime, response};
+use crate::tool_error::{ToolError, clip, retry_after_secs};
 use crate::wire::{CARMY_REPLAYED, IDEMPOTENCY_KEY, JSON, NO_STORE, codes};
 
 /// The largest request body accepted.

@@ -10,8 +10,6 @@ pub(crate) mod response;
 mod status;
 mod validation;
 
-pub(crate) use validation::clip;
-
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -35,7 +33,7 @@ use crate::idempotency::{
 use crate::principal::{Principal, TrustLevel};
 use crate::state::StateMap;
 use crate::tool::{Confirmation, Invocation, ToolDescriptor};
-use crate::tool_error::{Category, ToolError};
+use crate::tool_error::{Category, ToolError, clip};
 use crate::wire::codes;
 use repeated::Repeated;
 use response::NextAction;
@@ -756,7 +754,7 @@ fn kept(status: ExecutionStatus, rejected: bool, retryable: bool, safe_to_rerun:
 /// see.
 fn tool_not_found(catalog: &Catalog, name: &str, trust: TrustLevel) -> ToolError {
     let suggestions = catalog.nearest(name, trust);
-    let shown = validation::clip(name);
+    let shown = clip(name);
     let message = match suggestions.as_slice() {
         [] => format!("no tool named `{shown}`"),
         [only] => format!("no tool named `{shown}`; did you mean `{only}`?"),

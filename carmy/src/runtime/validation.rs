@@ -6,27 +6,13 @@ use jsonschema::error::ValidationErrorKind;
 use serde_json::{Value, json};
 
 use crate::catalog::CatalogTool;
-use crate::tool_error::{ToolError, Violation};
+use crate::tool_error::{ToolError, Violation, clip};
 use crate::wire::codes;
 
 /// The most violations listed; the others are counted in `details.omitted`.
 const MAX_VIOLATIONS: usize = 10;
-/// How much of a value, a name or a message an error echoes, in bytes.
-pub(crate) const MAX_ECHO: usize = 256;
 /// The most allowed values a message names.
 const MAX_ALLOWED: usize = 20;
-
-/// `text`, cut at [`MAX_ECHO`] bytes (on a character boundary) with `…` when longer.
-pub(crate) fn clip(text: &str) -> String {
-    if text.len() <= MAX_ECHO {
-        return text.to_owned();
-    }
-    let mut end = MAX_ECHO;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
 
 /// `None` when `arguments` match the tool's input schema; else `INVALID_ARGUMENTS` with at most
 /// [`MAX_VIOLATIONS`] bounded violations.
@@ -113,15 +99,6 @@ fn branch_value(branch: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn clip_keeps_short_text_and_cuts_long_text_on_a_character() {
-        assert_eq!(clip("short"), "short");
-        let long = "é".repeat(MAX_ECHO);
-        let clipped = clip(&long);
-        assert!(clipped.len() <= MAX_ECHO + '…'.len_utf8());
-        assert!(clipped.ends_with('…'));
-    }
 
     #[test]
     fn branches_name_their_value() {
