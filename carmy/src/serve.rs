@@ -11,6 +11,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -23,7 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
@@ -348,11 +349,11 @@ impl Connection {
         if let Err(error) = stream.set_nodelay(true) {
             tracing::warn!(%error, "could not set TCP_NODELAY");
         }
-        let (activity, watched) = watch::channel(Activity::default());
+        let activity = Arc::new(Activity::new());
         let service = ConnectionService {
             router: self.router,
             peer,
-            activity: Arc::new(activity),
+            activity: Arc::clone(&activity),
         };
         let connection = watcher.watch(
             self.builder
@@ -364,7 +365,7 @@ impl Connection {
                     tracing::debug!(%peer, %error, "connection ended with an error");
                 }
             }
-            () = expiry(watched, self.head_timeout, self.idle_timeout) => {
+            () = expiry(&activity, self.head_timeout, self.idle_timeout) => {
                 tracing::debug!(%peer, "connection closed: no request in time");
             }
             () = self.close.cancelled() => {}
@@ -372,32 +373,47 @@ impl Connection {
     }
 }
 
-/// The requests of one connection: how many are in flight, how many have started.
-#[derive(Debug, Clone, Copy, Default)]
+/// The requests of one connection: how many are in flight, how many have started, and since
+/// when none is in flight. Counted without waking anything: a wake-up per request would poll
+/// the whole connection (and its socket) again; [`expiry`] looks on its own schedule.
+#[derive(Debug)]
 struct Activity {
-    in_flight: usize,
-    started: u64,
+    opened: tokio::time::Instant,
+    in_flight: AtomicUsize,
+    started: AtomicU64,
+    /// Milliseconds from `opened` to the end of the last request.
+    idle_since_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            opened: tokio::time::Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
+            idle_since_ms: AtomicU64::new(0),
+        }
+    }
 }
 
 /// Resolves when the connection has had no request in flight for too long: the head timeout
 /// before its first request (this covers protocol detection, which has no timeout of its own),
-/// the idle timeout after.
-async fn expiry(mut activity: watch::Receiver<Activity>, head: Duration, idle: Duration) {
+/// the idle timeout after the last one ended.
+async fn expiry(activity: &Activity, head: Duration, idle: Duration) {
     loop {
-        let Activity { in_flight, started } = *activity.borrow_and_update();
-        let changed = if in_flight == 0 {
-            let limit = if started == 0 { head } else { idle };
-            match tokio::time::timeout(limit, activity.changed()).await {
-                Ok(changed) => changed,
-                Err(_) => return,
-            }
+        let now = tokio::time::Instant::now();
+        let deadline = if activity.started.load(Ordering::Acquire) == 0 {
+            activity.opened + head
+        } else if activity.in_flight.load(Ordering::Acquire) > 0 {
+            now + idle
         } else {
-            activity.changed().await
+            let idle_since = activity.idle_since_ms.load(Ordering::Acquire);
+            activity.opened + Duration::from_millis(idle_since) + idle
         };
-        if changed.is_err() {
-            // The connection dropped its service: it is ending by itself.
-            std::future::pending::<()>().await;
+        if deadline <= now {
+            return;
         }
+        tokio::time::sleep_until(deadline).await;
     }
 }
 
@@ -407,7 +423,7 @@ async fn expiry(mut activity: watch::Receiver<Activity>, head: Duration, idle: D
 struct ConnectionService {
     router: Router,
     peer: SocketAddr,
-    activity: Arc<watch::Sender<Activity>>,
+    activity: Arc<Activity>,
 }
 
 type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
@@ -434,21 +450,22 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
 }
 
 /// One request in flight on a connection, until dropped.
-struct InFlight(Arc<watch::Sender<Activity>>);
+struct InFlight(Arc<Activity>);
 
 impl InFlight {
-    fn start(activity: &Arc<watch::Sender<Activity>>) -> Self {
-        activity.send_modify(|activity| {
-            activity.in_flight += 1;
-            activity.started += 1;
-        });
+    fn start(activity: &Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        activity.started.fetch_add(1, Ordering::AcqRel);
         InFlight(Arc::clone(activity))
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.send_modify(|activity| activity.in_flight -= 1);
+        let activity = &self.0;
+        let ended = u64::try_from(activity.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        activity.idle_since_ms.store(ended, Ordering::Release);
+        activity.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
