@@ -1,9 +1,11 @@
 //! The builder that turns the registered tools into an `axum::Router`, and the serving helper.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use axum::response::IntoResponse;
 
 use crate::auth::Authenticator;
@@ -16,9 +18,11 @@ use crate::http::{self, HttpSettings};
 use crate::idempotency::{IdempotencyStore, MemoryStore};
 #[cfg(feature = "mcp")]
 use crate::mcp::{self, McpHandler, McpSettings};
-use crate::protection::{Protection, RateLimit, RateLimiter};
+use crate::protection::{self, Protection, RateLimit, RateLimiter};
+use crate::reload::{Reloader, Reloads};
 use crate::runtime::{Runtime, Settings};
 use crate::serve::{self, Server};
+use crate::settings::{Base, Current};
 use crate::state::StateMap;
 use crate::tool::{self, ToolDescriptor};
 use crate::tool_error::ToolError;
@@ -51,6 +55,18 @@ pub struct App {
     server: Server,
     health: Health,
     health_interval: Duration,
+    /// `carmy.toml`, applied over the builder's settings.
+    config: Option<Config>,
+    /// The file `config` came from, reloaded while serving.
+    config_source: Option<PathBuf>,
+    reloads: Reloads,
+}
+
+/// A built app: its router, its runtime and its configuration snapshot.
+pub(crate) struct Built {
+    pub(crate) router: axum::Router,
+    pub(crate) runtime: Arc<Runtime>,
+    pub(crate) current: Current,
 }
 
 impl std::fmt::Debug for App {
@@ -86,6 +102,9 @@ impl App {
             server: Server::new(),
             health: Health::new(),
             health_interval: Duration::from_secs(10),
+            config: None,
+            config_source: None,
+            reloads: Reloads::default(),
         }
     }
 
@@ -145,27 +164,41 @@ impl App {
         self
     }
 
-    /// Applies a `carmy.toml` ([`Config`]): its tokens become the authenticator, and its rate
-    /// limits, CORS origins and header settings replace the builder's.
+    /// Applies a `carmy.toml` ([`Config`]) over the builder's settings, whatever the order of
+    /// the calls: its tokens become the authenticator, its rate limits, CORS origins, header
+    /// and `[server]` settings replace the builder's, its `[tools.NAME]` tables override the
+    /// tools. A configuration given this way is not reloaded: see [`App::config_file`].
     pub fn config(mut self, config: Config) -> Self {
-        if let Some(tokens) = config.authenticator {
-            self.protection.authenticator = Some(Arc::new(tokens));
-        }
-        self.protection.limits = config.limits;
-        self.protection.trust_forwarded_for = config.trust_forwarded_for;
-        self.protection.cors_origins = config.cors_origins;
-        self.protection.security_headers = config.security_headers;
-        if let Some(timeout) = config.server.body_timeout {
-            self.http.body_timeout = timeout;
-        }
-        self.server = self.server.configure(&config.server);
+        self.config = Some(config);
+        self.config_source = None;
         self
     }
 
     /// Reads `carmy.toml` (`CARMY_CONFIG`, else `./carmy.toml` when present) and the
-    /// `CARMY_*` overrides, and applies them with [`App::config`].
+    /// `CARMY_*` overrides, and applies them with [`App::config`]; a file is then reloaded
+    /// while serving, as [`App::config_file`] describes.
     pub fn load_config(self) -> Result<Self, Error> {
-        Ok(self.config(Config::load()?))
+        match crate::config::default_path() {
+            Some(path) => self.config_file(path),
+            None => Ok(self.config(Config::load()?)),
+        }
+    }
+
+    /// Reads the configuration file at `path` and the `CARMY_*` overrides, and applies them
+    /// with [`App::config`]. While the app serves, the file is reloaded on SIGHUP, when it
+    /// changes (its directory is watched, so renames and Kubernetes ConfigMap updates count),
+    /// and on `POST /agent/admin/reload`; see [`App::reloads`].
+    pub fn config_file(mut self, path: impl AsRef<Path>) -> Result<Self, Error> {
+        let path = path.as_ref();
+        self = self.config(Config::load_from(path)?);
+        self.config_source = Some(path.to_owned());
+        Ok(self)
+    }
+
+    /// The app's configuration reloads: their counts by result, and `subscribe` to their
+    /// `tools.changed` events.
+    pub fn reloads(&self) -> Reloads {
+        self.reloads.clone()
     }
 
     /// Limits each caller trusted at `trust` to `limit`: over it, calls are refused with
@@ -288,7 +321,7 @@ impl App {
     /// Checks the app and builds the router. Every mistake (duplicate tool names, missing
     /// state, an input schema that is not an object) is found here, never at request time.
     pub fn router(self) -> Result<axum::Router, Error> {
-        self.build().map(|(router, _)| router)
+        self.build().map(|built| built.router)
     }
 
     /// Serves the app on `addr` until SIGINT or SIGTERM, then shuts down gracefully: stops
@@ -307,9 +340,13 @@ impl App {
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), Error> {
-        let server = self.server.clone();
+        let server = self.configured_server();
         server.check()?;
-        let (router, runtime) = self.build()?;
+        let Built {
+            router,
+            runtime,
+            current: _,
+        } = self.build()?;
         tracing::info!(addr = %listener.local_addr()?, "serving carmy/1");
         // The whole server is carmy's: every unknown path gets the JSON 404.
         let router = router.fallback(http::route_not_found);
@@ -322,31 +359,67 @@ impl App {
     #[cfg(feature = "mcp")]
     pub async fn serve_stdio(mut self) -> Result<(), Error> {
         let principal = std::mem::take(&mut self.mcp.stdio_principal);
-        let (name, runtime) = self.into_runtime()?;
+        let started = self.start()?;
+        started.reloader.watch();
+        let runtime = started.runtime;
         tracing::info!("serving MCP on stdio");
-        mcp::serve_stdio(McpHandler::new(&name, Arc::clone(&runtime), principal)).await?;
+        mcp::serve_stdio(McpHandler::new(
+            &started.name,
+            Arc::clone(&runtime),
+            started.current,
+            principal,
+        ))
+        .await?;
         runtime.wait_idle().await;
         Ok(())
     }
 
-    pub(crate) fn build(self) -> Result<(axum::Router, Arc<Runtime>), Error> {
+    /// The builder's `[server]` settings with the configuration's over them.
+    fn configured_server(&self) -> Server {
+        match &self.config {
+            Some(config) => self.server.clone().configure(&config.server),
+            None => self.server.clone(),
+        }
+    }
+
+    pub(crate) fn build(mut self) -> Result<Built, Error> {
+        if let Some(timeout) = self
+            .config
+            .as_ref()
+            .and_then(|config| config.server.body_timeout)
+        {
+            self.http.body_timeout = timeout;
+        }
         serve::check_body_timeout(self.http.body_timeout)?;
         let http = self.http.clone();
-        let protection = Arc::new(self.protection.clone());
         #[cfg(feature = "mcp")]
         let mcp = self.mcp.clone();
-        let (name, runtime) = self.into_runtime()?;
-        let router = protection.guard(
-            http::router(&name, Arc::clone(&runtime), &http, cfg!(feature = "mcp")),
+        let started = self.start()?;
+        started.reloader.watch();
+        let current = &started.current;
+        let router = protection::guard(
+            current,
+            http::router(
+                Arc::clone(&started.runtime),
+                started.reloader,
+                current,
+                &http,
+                cfg!(feature = "mcp"),
+            ),
             <ToolError as IntoResponse>::into_response,
         );
         #[cfg(feature = "mcp")]
-        let router = router.merge(protection.guard(
+        let router = router.merge(protection::guard(
+            current,
             mcp::router(
-                McpHandler::new(&name, Arc::clone(&runtime), mcp.stdio_principal.clone()),
-                &protection.cors_origins,
+                McpHandler::new(
+                    &started.name,
+                    Arc::clone(&started.runtime),
+                    Arc::clone(current),
+                    mcp.stdio_principal.clone(),
+                ),
                 http.keep_alive,
-                runtime.shutdown_token(),
+                started.runtime.shutdown_token(),
             ),
             |error| mcp::refusal(&error),
         ));
@@ -354,11 +427,15 @@ impl App {
         let router = router.layer(tower_http::timeout::RequestBodyDeadlineLayer::new(
             http.body_timeout,
         ));
-        Ok((protection.cors(router), runtime))
+        Ok(Built {
+            router: protection::cors(current, router),
+            runtime: started.runtime,
+            current: started.current,
+        })
     }
 
-    /// Checks the app and starts its runtime; returns the server's name with it.
-    fn into_runtime(self) -> Result<(String, Arc<Runtime>), Error> {
+    /// Checks the app, starts its runtime and builds its first configuration snapshot.
+    fn start(self) -> Result<Started, Error> {
         let name = match self.name {
             Some(name) if name.trim().is_empty() => return Err(Error::EmptyName),
             Some(name) => name,
@@ -367,23 +444,57 @@ impl App {
         let catalog = Catalog::build(self.tools, &self.states)?;
         log_tools(&catalog);
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
-        let limited = self.protection.limits.iter().any(Option::is_some);
+        let runtime = Runtime::new(
+            &catalog,
+            self.states,
+            store.clone(),
+            self.settings.clone(),
+            self.health.clone(),
+        );
+        let limiter = Arc::clone(&self.protection.limiter);
+        let base = Base {
+            name: name.clone(),
+            mcp: cfg!(feature = "mcp"),
+            catalog,
+            protection: self.protection,
+            runtime: self.settings,
+        };
+        let current: Current = Arc::new(ArcSwap::from_pointee(base.build(self.config.as_ref())?));
+        let rate_limited = {
+            let current = Arc::clone(&current);
+            move || current.load().protection.limits.iter().any(Option::is_some)
+        };
         self.health.watch(
             Dependencies {
-                store: Arc::clone(&store),
-                limiter: limited.then_some(self.protection.limiter),
+                store,
+                limiter,
+                rate_limited: Box::new(rate_limited),
             },
             self.health_interval,
         );
-        let runtime = Arc::new(Runtime::new(
-            Arc::new(catalog),
-            self.states,
-            store,
-            self.settings,
+        let reloader = Reloader::new(
+            self.config_source,
+            self.config,
+            base,
+            Arc::clone(&current),
             self.health,
-        )?);
-        Ok((name, runtime))
+            self.reloads,
+        );
+        Ok(Started {
+            name,
+            runtime: Arc::new(runtime),
+            current,
+            reloader,
+        })
     }
+}
+
+/// A checked app with its runtime running.
+struct Started {
+    name: String,
+    runtime: Arc<Runtime>,
+    current: Current,
+    reloader: Arc<Reloader>,
 }
 
 /// The executable's file name, the natural name of a one-binary service.

@@ -70,7 +70,7 @@ const DIGEST_PREFIX: &str = "sha256:";
 ///
 /// `Authorization: Bearer <token>` with a known token is that token's caller; no
 /// `Authorization` header is anonymous; anything else is refused with `401`.
-#[derive(Default)]
+#[derive(Default, Clone, PartialEq, Eq)]
 pub struct TokenAuthenticator {
     tokens: Vec<([u8; 32], Principal)>,
 }

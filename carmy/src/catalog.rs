@@ -1,30 +1,42 @@
-//! The tools an app serves, checked and compiled once at start-up.
+//! The tools an app serves, checked and compiled once at start-up; `carmy.toml`'s per-tool
+//! overrides (`[tools.NAME]`) derive a new catalog from it on every reload, sharing the
+//! compiled parts.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::config::ToolOverride;
 use crate::error::Error;
 use crate::principal::TrustLevel;
 use crate::schema;
 use crate::state::StateMap;
 use crate::tool::ToolDescriptor;
 
-/// The app's tools, sorted by name, with their schemas and compiled validators.
-#[derive(Debug)]
+/// The app's tools, sorted by name, with their schemas and compiled validators. Cloning shares
+/// the compiled parts.
+#[derive(Debug, Clone)]
 pub(crate) struct Catalog {
     tools: Vec<CatalogTool>,
     by_name: HashMap<&'static str, usize>,
 }
 
-/// One tool, ready to describe and to call.
+/// One tool, ready to describe and to call. Cloning shares the compiled parts.
+#[derive(Clone)]
 pub(crate) struct CatalogTool {
     pub(crate) descriptor: &'static ToolDescriptor,
-    pub(crate) description: String,
-    pub(crate) input_schema: Value,
-    pub(crate) output_schema: Value,
-    pub(crate) validator: jsonschema::Validator,
+    /// The lowest trust level that sees and calls it: the descriptor's, or `[tools.NAME]
+    /// access`.
+    pub(crate) access: TrustLevel,
+    /// Its deadline: the descriptor's, or `[tools.NAME] timeout`; `None` is the app default.
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) description: Arc<str>,
+    pub(crate) input_schema: Arc<Value>,
+    pub(crate) output_schema: Arc<Value>,
+    pub(crate) validator: Arc<jsonschema::Validator>,
 }
 
 impl std::fmt::Debug for CatalogTool {
@@ -69,12 +81,50 @@ impl Catalog {
             .into_iter()
             .map(|descriptor| CatalogTool::build(descriptor, states))
             .collect::<Result<Vec<_>, _>>()?;
+        Ok(Catalog::index(tools))
+    }
+
+    /// This catalog with `carmy.toml`'s per-tool overrides applied: a tool with `enabled =
+    /// false` is gone, `access` and `timeout` replace the declared ones. An override naming no
+    /// tool is an error naming it.
+    pub(crate) fn with_overrides(
+        &self,
+        overrides: &BTreeMap<String, ToolOverride>,
+    ) -> Result<Catalog, Error> {
+        if let Some((name, tool)) = overrides.iter().find(|(name, _)| self.get(name).is_none()) {
+            return Err(Error::Config(format!(
+                "{}: `[tools.{name}]` names no tool this app serves",
+                tool.location
+            )));
+        }
+        let tools: Vec<CatalogTool> = self
+            .tools
+            .iter()
+            .filter_map(|tool| match overrides.get(tool.descriptor.name) {
+                None => Some(tool.clone()),
+                Some(ToolOverride { enabled: false, .. }) => None,
+                Some(ToolOverride {
+                    enabled: true,
+                    access,
+                    timeout,
+                    location: _,
+                }) => Some(CatalogTool {
+                    access: access.unwrap_or(tool.access),
+                    timeout: timeout.or(tool.timeout),
+                    ..tool.clone()
+                }),
+            })
+            .collect();
+        Ok(Catalog::index(tools))
+    }
+
+    fn index(tools: Vec<CatalogTool>) -> Self {
         let by_name = tools
             .iter()
             .enumerate()
             .map(|(index, tool)| (tool.descriptor.name, index))
             .collect();
-        Ok(Catalog { tools, by_name })
+        Catalog { tools, by_name }
     }
 
     /// The tools, sorted by name.
@@ -89,16 +139,13 @@ impl Catalog {
 
     /// The tools a caller trusted at `trust` may see and call, sorted by name.
     pub(crate) fn visible_to(&self, trust: TrustLevel) -> impl Iterator<Item = &CatalogTool> {
-        self.tools
-            .iter()
-            .filter(move |tool| tool.descriptor.access <= trust)
+        self.tools.iter().filter(move |tool| tool.access <= trust)
     }
 
     /// The tool called `name`, if a caller trusted at `trust` may see it: a tool above the
     /// caller's level is, to that caller, a tool that does not exist.
     pub(crate) fn get_visible(&self, name: &str, trust: TrustLevel) -> Option<&CatalogTool> {
-        self.get(name)
-            .filter(|tool| tool.descriptor.access <= trust)
+        self.get(name).filter(|tool| tool.access <= trust)
     }
 }
 
@@ -153,10 +200,12 @@ impl CatalogTool {
             })?;
         Ok(CatalogTool {
             descriptor,
-            description: normalize_doc(descriptor.description),
-            input_schema,
-            output_schema: (descriptor.output_schema)(),
-            validator,
+            access: descriptor.access,
+            timeout: descriptor.timeout,
+            description: normalize_doc(descriptor.description).into(),
+            input_schema: Arc::new(input_schema),
+            output_schema: Arc::new((descriptor.output_schema)()),
+            validator: Arc::new(validator),
         })
     }
 }

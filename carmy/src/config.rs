@@ -21,6 +21,12 @@
 //! shutdown_grace_secs = 10
 //! drain_delay_secs = 5            # readiness fails this long before the listener closes
 //!
+//! [tools.cancel_order]            # per-tool overrides; tables have no CARMY_* override
+//! enabled = false                 # hidden from the catalog and refused as unknown
+//! [tools.sales_summary]
+//! access = "anonymous"            # anonymous | known | partner | internal
+//! timeout = "45s"
+//!
 //! [[tokens]]                      # tables of tokens have no override
 //! id = "reporting"
 //! trust = "known"
@@ -29,11 +35,13 @@
 //! ```
 //!
 //! One `serde` struct per table, each refusing unknown keys, so a typo or a value of the wrong
-//! type (`"true"` for a bool) stops the start with the file and line.
+//! type (`"true"` for a bool) stops the start with the file and line. Everything but `[server]`
+//! is reloaded while serving (`crate::reload`); `[server]` needs a restart.
 
+use std::collections::BTreeMap;
 use std::num::{NonZeroU32, NonZeroU64};
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
@@ -50,8 +58,9 @@ pub const CONFIG_PATH_VAR: &str = "CARMY_CONFIG";
 const DEFAULT_PATH: &str = "carmy.toml";
 const DEFAULT_WINDOW_SECS: NonZeroU64 = NonZeroU64::new(60).expect("60 is not zero");
 
-/// The settings of `carmy.toml`, applied with [`App::config`](crate::App::config).
-#[derive(Debug, Default)]
+/// The settings of `carmy.toml`, applied with [`App::config`](crate::App::config). Two equal
+/// configurations serve alike: reloading an unchanged file changes nothing.
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Config {
     pub(crate) authenticator: Option<TokenAuthenticator>,
     pub(crate) limits: [Option<RateLimit>; 4],
@@ -59,15 +68,68 @@ pub struct Config {
     pub(crate) cors_origins: Vec<String>,
     pub(crate) security_headers: bool,
     pub(crate) server: ServerConfig,
+    /// `[tools.NAME]`, by tool name.
+    pub(crate) tools: BTreeMap<String, ToolOverride>,
+}
+
+/// `[tools.NAME]`: what the file changes about one tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ToolOverride {
+    pub(crate) enabled: bool,
+    pub(crate) access: Option<TrustLevel>,
+    pub(crate) timeout: Option<Duration>,
+    /// `file:line` of the table, for the error when no tool has its name.
+    pub(crate) location: String,
+}
+
+impl Config {
+    /// The first restart-only key (`[server]`: the listener and connections are set up once)
+    /// whose value differs in `next`.
+    pub(crate) fn restart_required(&self, next: &Config) -> Option<&'static str> {
+        let ServerConfig {
+            head_timeout,
+            body_timeout,
+            idle_timeout,
+            max_connections,
+            shutdown_grace,
+            drain_delay,
+        } = self.server;
+        let next = &next.server;
+        [
+            (
+                "server.head_timeout_secs",
+                head_timeout == next.head_timeout,
+            ),
+            (
+                "server.body_timeout_secs",
+                body_timeout == next.body_timeout,
+            ),
+            (
+                "server.idle_timeout_secs",
+                idle_timeout == next.idle_timeout,
+            ),
+            (
+                "server.max_connections",
+                max_connections == next.max_connections,
+            ),
+            (
+                "server.shutdown_grace_secs",
+                shutdown_grace == next.shutdown_grace,
+            ),
+            ("server.drain_delay_secs", drain_delay == next.drain_delay),
+        ]
+        .into_iter()
+        .find(|&(_, same)| !same)
+        .map(|(key, _)| key)
+    }
 }
 
 impl Config {
     /// Reads the file named by `CARMY_CONFIG`, else `./carmy.toml` if it exists, else starts
     /// empty; then applies the `CARMY_*` overrides.
     pub fn load() -> Result<Self, Error> {
-        match std::env::var_os(CONFIG_PATH_VAR) {
-            Some(path) => Self::load_from(Path::new(&path)),
-            None if Path::new(DEFAULT_PATH).exists() => Self::load_from(Path::new(DEFAULT_PATH)),
+        match default_path() {
+            Some(path) => Self::load_from(&path),
             None => Self::parse("", env_var),
         }
     }
@@ -102,9 +164,17 @@ impl Config {
                 })?;
             }
         }
-        file.into_config().map_err(|(error, span)| {
-            Error::Config(format!("{origin}:{}: {error}", line(text, &span)))
-        })
+        let at = |span: &Range<usize>| format!("{origin}:{}", line(text, span));
+        file.into_config(at)
+            .map_err(|(error, span)| Error::Config(format!("{}: {error}", at(&span))))
+    }
+}
+
+/// The file named by `CARMY_CONFIG`, else `./carmy.toml` if it exists.
+pub(crate) fn default_path() -> Option<PathBuf> {
+    match std::env::var_os(CONFIG_PATH_VAR) {
+        Some(path) => Some(PathBuf::from(path)),
+        None => Some(PathBuf::from(DEFAULT_PATH)).filter(|path| path.exists()),
     }
 }
 
@@ -134,6 +204,41 @@ struct File {
     server: Server,
     /// `None` without a `[[tokens]]` table: no token authentication at all.
     tokens: Option<Vec<Token>>,
+    tools: BTreeMap<String, Spanned<Tool>>,
+}
+
+/// `[tools.NAME]`: a tool turned off, opened or closed to a trust level, or given a deadline.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Tool {
+    #[serde(default = "enabled")]
+    enabled: bool,
+    #[serde(default, deserialize_with = "some_trust_level")]
+    access: Option<TrustLevel>,
+    #[serde(default, deserialize_with = "timeout")]
+    timeout: Option<Duration>,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+fn some_trust_level<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<TrustLevel>, D::Error> {
+    trust_level(deserializer).map(Some)
+}
+
+/// `timeout = "30s"`, in humantime's notation, at least a millisecond.
+fn timeout<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    match humantime::parse_duration(&text) {
+        Ok(duration) if duration >= Duration::from_millis(1) => Ok(Some(duration)),
+        Ok(_) => Err(serde::de::Error::custom("a timeout must be at least 1ms")),
+        Err(error) => Err(serde::de::Error::custom(format!(
+            "`{text}` is not a duration such as \"30s\": {error}"
+        ))),
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -300,8 +405,12 @@ impl FromEnv for Vec<String> {
 }
 
 impl File {
-    /// The settings, or an error and the span of the value at fault.
-    fn into_config(self) -> Result<Config, (Error, Range<usize>)> {
+    /// The settings, or an error and the span of the value at fault; `at` names a span's
+    /// `file:line`.
+    fn into_config(
+        self,
+        at: impl Fn(&Range<usize>) -> String,
+    ) -> Result<Config, (Error, Range<usize>)> {
         let File {
             trust_forwarded_for,
             security_headers,
@@ -309,7 +418,26 @@ impl File {
             rate_limit,
             server,
             tokens,
+            tools,
         } = self;
+        let tools = tools
+            .into_iter()
+            .map(|(name, tool)| {
+                let location = at(&tool.span());
+                let Tool {
+                    enabled,
+                    access,
+                    timeout,
+                } = tool.into_inner();
+                let tool = ToolOverride {
+                    enabled,
+                    access,
+                    timeout,
+                    location,
+                };
+                (name, tool)
+            })
+            .collect();
         let RateLimits {
             window_secs,
             anonymous,
@@ -351,6 +479,7 @@ impl File {
             cors_origins: allowed_origins,
             security_headers,
             server: server.into_config(),
+            tools,
         })
     }
 }

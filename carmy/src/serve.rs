@@ -41,7 +41,7 @@ const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 const CLOSE_MARGIN: Duration = Duration::from_secs(1);
 
 /// The `[server]` table of `carmy.toml`: what is set replaces the builder's value.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct ServerConfig {
     pub(crate) head_timeout: Option<Duration>,
     /// Applied to the router (`RequestBodyDeadlineLayer`), not to the connections.

@@ -34,18 +34,23 @@ use crate::context::Principal;
 use crate::error::Error;
 use crate::idempotency::ExecutionStatus;
 use crate::runtime::{self, Call, Runtime};
+use crate::settings::Current;
 
 /// Calls an app's tools in-process.
 #[derive(Debug, Clone)]
 pub struct Client {
     runtime: Arc<Runtime>,
+    current: Current,
 }
 
 impl Client {
     /// Builds `app` (with the same checks as [`App::router`]).
     pub fn new(app: App) -> Result<Self, Error> {
-        let (_, runtime) = app.build()?;
-        Ok(Client { runtime })
+        let built = app.build()?;
+        Ok(Client {
+            runtime: built.runtime,
+            current: built.current,
+        })
     }
 
     /// Prepares a call of `tool`; `.await` it, optionally after setting a request id or the
@@ -100,6 +105,7 @@ impl<'a> IntoFuture for PendingCall<'a> {
                 };
             }
             let call = Call {
+                catalog: Arc::clone(&self.client.current.load().catalog),
                 tool: self.tool,
                 arguments: self.arguments,
                 request_id: self.request_id,

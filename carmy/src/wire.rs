@@ -26,6 +26,10 @@ pub(crate) mod codes {
     pub(crate) const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
     pub(crate) const RATE_LIMITED: &str = "RATE_LIMITED";
     pub(crate) const UNSUPPORTED_VERSION: &str = "UNSUPPORTED_VERSION";
+    /// A configuration reload refused: the file fails, or there is no file (`409`).
+    pub(crate) const CONFIG_INVALID: &str = "CONFIG_INVALID";
+    /// A configuration reload refused: the file changes a restart-only key (`409`).
+    pub(crate) const RESTART_REQUIRED: &str = "RESTART_REQUIRED";
     #[cfg(feature = "redis")]
     pub(crate) const RATE_LIMITER_UNAVAILABLE: &str = "RATE_LIMITER_UNAVAILABLE";
     #[cfg(feature = "mcp")]

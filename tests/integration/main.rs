@@ -20,6 +20,7 @@ mod memory_bound;
 mod protection;
 mod recording;
 mod redis_persistence;
+mod reload;
 mod replicas;
 mod requests;
 mod routes;

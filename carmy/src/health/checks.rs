@@ -20,8 +20,10 @@ const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// What the service depends on, checked when it lives outside the process.
 pub(crate) struct Dependencies {
     pub(crate) store: Arc<dyn IdempotencyStore>,
-    /// `None` when no rate limit is set: the limiter is never asked then.
-    pub(crate) limiter: Option<Arc<dyn RateLimiter>>,
+    pub(crate) limiter: Arc<dyn RateLimiter>,
+    /// Whether the configuration in force sets a rate limit: without one the limiter is never
+    /// asked, so it is not checked either (a reload may change it).
+    pub(crate) rate_limited: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
 #[derive(Clone, Copy)]
@@ -41,6 +43,14 @@ impl Dependency {
 }
 
 impl Dependencies {
+    /// Whether `dependency` is in use now.
+    fn in_use(&self, dependency: Dependency) -> bool {
+        match dependency {
+            Dependency::Store => true,
+            Dependency::RateLimiter => (self.rate_limited)(),
+        }
+    }
+
     /// Pings `dependency`; `None` when it has nothing outside the process to check.
     fn ping(
         &self,
@@ -56,7 +66,6 @@ impl Dependencies {
             ),
             Dependency::RateLimiter => Some(
                 self.limiter
-                    .as_ref()?
                     .ping()?
                     .map(|result| result.map_err(|error| error.to_string()))
                     .boxed(),
@@ -73,6 +82,14 @@ struct Component {
 }
 
 impl Component {
+    fn new(dependency: Dependency) -> Self {
+        Component {
+            dependency,
+            status: CheckStatus::Pass,
+            failures: 0,
+        }
+    }
+
     async fn check(&mut self, dependencies: &Dependencies) -> (&'static str, CheckResult) {
         let name = self.dependency.name();
         let started = Instant::now();
@@ -126,11 +143,7 @@ pub(super) fn spawn(
     let mut components: Vec<Component> = [Dependency::Store, Dependency::RateLimiter]
         .into_iter()
         .filter(|&dependency| dependencies.ping(dependency).is_some())
-        .map(|dependency| Component {
-            dependency,
-            status: CheckStatus::Pass,
-            failures: 0,
-        })
+        .map(Component::new)
         .collect();
     if components.is_empty() {
         return None;
@@ -144,16 +157,25 @@ pub(super) fn spawn(
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
+            let (used, unused): (Vec<&mut Component>, Vec<&mut Component>) = components
+                .iter_mut()
+                .partition(|component| dependencies.in_use(component.dependency));
             let results = futures_util::future::join_all(
-                components
-                    .iter_mut()
+                used.into_iter()
                     .map(|component| component.check(&dependencies)),
             )
             .await;
             let Some(inner) = health.upgrade() else {
                 return;
             };
-            Health { inner }.record_checks(results);
+            let health = Health { inner };
+            // A dependency no longer used is no longer a component; used again, it starts
+            // afresh.
+            for component in unused {
+                *component = Component::new(component.dependency);
+                health.forget_check(component.dependency.name());
+            }
+            health.record_checks(results);
         }
     }))
 }

@@ -165,8 +165,8 @@ impl CheckResult {
     };
 }
 
-/// The configuration component: `pass` until configuration reload can report a bad file.
-pub(crate) const CONFIG_CHECK: &str = "config";
+/// The configuration component: `warn` while the last configuration reload failed.
+const CONFIG_CHECK: &str = "config";
 
 /// What the health routes show, taken at once.
 #[derive(Debug, Clone)]
@@ -316,6 +316,26 @@ impl Health {
         } else if failing.is_empty() && by_checks && state != HealthState::Healthy {
             let _ = self.move_to(HealthState::Healthy, None, true);
         }
+    }
+
+    /// Shows a failed configuration reload as the `warn` check `config`, whose output (for
+    /// `internal` callers) is `error`; `None` (a good file loaded) passes it again. A bad file
+    /// keeps the old configuration serving, so readiness holds.
+    pub(crate) fn report_config(&self, error: Option<String>) {
+        let result = match error {
+            None => CheckResult::PASS,
+            Some(error) => CheckResult {
+                status: CheckStatus::Warn,
+                observed: None,
+                output: Some(error),
+            },
+        };
+        lock(&self.inner.checks).insert(CONFIG_CHECK, result);
+    }
+
+    /// Removes a component no longer checked.
+    fn forget_check(&self, name: &str) {
+        lock(&self.inner.checks).remove(name);
     }
 
     pub(crate) fn snapshot(&self) -> Snapshot {

@@ -1,7 +1,6 @@
-//! `GET /.well-known/agent` and `GET /agent/tools` (`protocol.md` §1–3): serialized once when
-//! the router is built, served from memory with a strong ETag and conditional GET.
-
-use std::sync::Arc;
+//! `GET /.well-known/agent` and `GET /agent/tools` (`protocol.md` §1–3): serialized once per
+//! configuration snapshot (at start and on each reload), served from memory with a strong ETag
+//! and conditional GET.
 
 use axum::extract::{Request, State};
 use axum::http::Extensions;
@@ -16,6 +15,7 @@ use sha2::{Digest, Sha256};
 use crate::auth::hex;
 use crate::catalog::Catalog;
 use crate::principal::{Principal, TrustLevel};
+use crate::settings::{Current, Settings};
 use crate::tool::{Confirmation, Effect};
 use crate::wire::JSON;
 
@@ -92,6 +92,11 @@ impl Documents {
         }
     }
 
+    /// The `tools_version` that callers trusted at `trust` see.
+    pub(crate) fn tools_version(&self, trust: TrustLevel) -> &str {
+        self.levels[trust.index()].catalog.hash()
+    }
+
     /// The documents the caller of `request` sees (anonymous when nobody attached a caller).
     fn for_caller(&self, request: &Extensions) -> &LevelDocuments {
         let trust = request
@@ -114,7 +119,7 @@ impl LevelDocuments {
                 idempotent: tool.descriptor.idempotent,
                 parallel_safe: tool.descriptor.parallel_safe,
                 confirmation: tool.descriptor.confirmation,
-                timeout_ms: tool.descriptor.timeout.map(|timeout| timeout.as_millis()),
+                timeout_ms: tool.timeout.map(|timeout| timeout.as_millis()),
             })
             .collect();
         let catalog = Document::new(&CatalogBody { tools });
@@ -170,18 +175,17 @@ impl Document {
     }
 }
 
-pub(crate) async fn discovery(
-    State(documents): State<Arc<Documents>>,
-    request: Request,
-) -> Response {
-    documents
+pub(crate) async fn discovery(State(current): State<Current>, request: Request) -> Response {
+    Settings::of(request.extensions(), &current)
+        .documents
         .for_caller(request.extensions())
         .discovery
         .respond(request.headers())
 }
 
-pub(crate) async fn catalog(State(documents): State<Arc<Documents>>, request: Request) -> Response {
-    documents
+pub(crate) async fn catalog(State(current): State<Current>, request: Request) -> Response {
+    Settings::of(request.extensions(), &current)
+        .documents
         .for_caller(request.extensions())
         .catalog
         .respond(request.headers())

@@ -19,9 +19,11 @@ use tokio::sync::oneshot;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::error::status_for;
+use crate::catalog::Catalog;
 use crate::context::{Event, EventReceiver, event_channel};
 use crate::principal::Principal;
 use crate::runtime::{self, Call, Outcome, Runtime, response};
+use crate::settings::{Current, Settings};
 use crate::tool_error::{ToolError, clip, retry_after_secs};
 use crate::wire::{CARMY_REPLAYED, IDEMPOTENCY_KEY, JSON, NO_STORE, codes};
 
@@ -34,6 +36,7 @@ static TRUE: HeaderValue = HeaderValue::from_static("true");
 #[derive(Clone)]
 pub(crate) struct ExecuteState {
     pub(crate) runtime: Arc<Runtime>,
+    pub(crate) current: Current,
     pub(crate) keep_alive: Duration,
 }
 
@@ -59,7 +62,8 @@ pub(crate) async fn execute(State(state): State<ExecuteState>, request: Request)
         .get::<Principal>()
         .cloned()
         .unwrap_or_default();
-    let call = match read_call(&parts.headers, body, principal).await {
+    let catalog = Arc::clone(&Settings::of(&parts.extensions, &state.current).catalog);
+    let call = match read_call(&parts.headers, body, principal, catalog).await {
         Ok(call) => call,
         Err(error) => return error.into_response(),
     };
@@ -79,6 +83,7 @@ async fn read_call(
     headers: &HeaderMap,
     body: Body,
     principal: Principal,
+    catalog: Arc<Catalog>,
 ) -> Result<Call, ToolError> {
     let is_json = headers
         .get(CONTENT_TYPE)
@@ -127,6 +132,7 @@ async fn read_call(
         runtime::check_request_id(request_id)?;
     }
     Ok(Call {
+        catalog,
         tool: body.tool,
         arguments: body.arguments,
         request_id,

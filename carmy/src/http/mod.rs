@@ -1,6 +1,7 @@
 //! The carmy/1 HTTP adapter (`protocol.md`): routes, documents and the error envelope. It knows
 //! nothing of tool internals: it serves the catalog's documents and drives the runtime.
 
+mod admin;
 mod documents;
 pub(crate) mod error;
 mod execute;
@@ -12,7 +13,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{any, get, post};
 
+use crate::reload::Reloader;
 use crate::runtime::Runtime;
+use crate::settings::Current;
 use crate::tool_error::{Category, ToolError};
 use crate::wire::codes;
 
@@ -40,29 +43,32 @@ impl Default for HttpSettings {
 }
 
 /// The routes of protocol.md, with JSON answers for unknown routes and methods under carmy's
-/// own paths only, so that the router merges into a host's that has its own fallback. `mcp`:
-/// whether the app also serves MCP, which discovery announces.
+/// own paths only, so that the router merges into a host's that has its own fallback. Each
+/// route serves the configuration snapshot the gate attached to its request. `mcp`: whether
+/// the app also serves MCP.
 pub(crate) fn router(
-    name: &str,
     runtime: Arc<Runtime>,
+    reloader: Arc<Reloader>,
+    current: &Current,
     settings: &HttpSettings,
     mcp: bool,
 ) -> Router {
-    let documents = Arc::new(Documents::build(name, runtime.catalog(), mcp));
     let health = health::router(runtime.health().clone());
     let documents = Router::new()
         .route(documents::DISCOVERY_PATH, get(documents::discovery))
         .route(documents::CATALOG_PATH, get(documents::catalog))
-        .with_state(documents);
+        .with_state(Arc::clone(current));
     let execute = Router::new()
         .route(documents::EXECUTE_PATH, post(execute::execute))
         .with_state(execute::ExecuteState {
             runtime,
+            current: Arc::clone(current),
             keep_alive: settings.keep_alive,
         });
     let mut router = documents
         .merge(execute)
         .merge(health)
+        .merge(admin::router(reloader))
         .method_not_allowed_fallback(method_not_allowed);
     let mut owned = vec!["/agent", "/agent/{*rest}", "/.well-known/agent/{*rest}"];
     if mcp {

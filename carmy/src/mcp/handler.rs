@@ -9,7 +9,7 @@ use axum::http::request::Parts;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
     ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
-    ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
+    ProtocolVersion, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -17,8 +17,9 @@ use serde_json::{Map, Value, json};
 
 use super::tools::{self, LIST_TTL_MS};
 use crate::context::{Event, EventReceiver, event_channel};
-use crate::principal::{Principal, TrustLevel};
+use crate::principal::Principal;
 use crate::runtime::{self, Call, Outcome, Runtime};
+use crate::settings::{Current, Settings};
 use crate::tool_error::ToolError;
 use crate::wire::codes;
 
@@ -43,8 +44,8 @@ pub(crate) struct McpHandler {
 
 struct Shared {
     runtime: Arc<Runtime>,
-    /// The tool list of each trust level, indexed by [`TrustLevel::index`].
-    tools: [Vec<Tool>; 4],
+    /// The configuration in force, for requests that come with no HTTP request (stdio).
+    current: Current,
     info: ServerConfig,
     /// The caller of requests that come with no HTTP request (stdio).
     local_principal: Principal,
@@ -59,28 +60,40 @@ impl std::fmt::Debug for McpHandler {
 }
 
 impl McpHandler {
-    pub(crate) fn new(name: &str, runtime: Arc<Runtime>, local_principal: Principal) -> Self {
+    pub(crate) fn new(
+        name: &str,
+        runtime: Arc<Runtime>,
+        current: Current,
+        local_principal: Principal,
+    ) -> Self {
         let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
         info.server_info = rmcp::model::Implementation::new(name, env!("CARGO_PKG_VERSION"));
         McpHandler {
             shared: Arc::new(Shared {
-                tools: TrustLevel::ALL.map(|trust| tools::list(runtime.catalog(), trust)),
                 runtime,
+                current,
                 info,
                 local_principal,
             }),
         }
     }
 
-    /// The caller: what the HTTP gate attached to the request, or the local principal.
-    fn principal(&self, context: &RequestContext<RoleServer>) -> Principal {
+    /// The caller and the configuration snapshot: what the HTTP gate attached to the request,
+    /// or the local principal and the configuration in force.
+    fn caller(&self, context: &RequestContext<RoleServer>) -> (Principal, Arc<Settings>) {
         match context.extensions.get::<Parts>() {
-            Some(parts) => parts
-                .extensions
-                .get::<Principal>()
-                .cloned()
-                .unwrap_or_default(),
-            None => self.shared.local_principal.clone(),
+            Some(parts) => (
+                parts
+                    .extensions
+                    .get::<Principal>()
+                    .cloned()
+                    .unwrap_or_default(),
+                Settings::of(&parts.extensions, &self.shared.current),
+            ),
+            None => (
+                self.shared.local_principal.clone(),
+                self.shared.current.load_full(),
+            ),
         }
     }
 }
@@ -99,9 +112,9 @@ impl ServerHandler for McpHandler {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let trust = self.principal(&context).trust();
+        let (principal, settings) = self.caller(&context);
         Ok(
-            ListToolsResult::with_all_items(self.shared.tools[trust.index()].clone())
+            ListToolsResult::with_all_items(tools::list(&settings.catalog, principal.trust()))
                 .with_ttl_ms(LIST_TTL_MS)
                 .with_cache_scope(CacheScope::Private),
         )
@@ -119,16 +132,16 @@ impl ServerHandler for McpHandler {
                 return Ok(failure(&json!(error), meta).into());
             }
         };
+        let (principal, settings) = self.caller(&context);
         let call = Call {
+            catalog: Arc::clone(&settings.catalog),
             tool: request.name.into_owned(),
             arguments: Value::Object(request.arguments.unwrap_or_default()),
             request_id,
-            principal: self.principal(&context),
+            principal,
         };
-        let structured = self
-            .shared
-            .runtime
-            .catalog()
+        let structured = settings
+            .catalog
             .get_visible(&call.tool, call.principal.trust())
             .is_some_and(tools::has_structured_output);
         // The SDK fires this token on `notifications/cancelled`, on a closed response stream

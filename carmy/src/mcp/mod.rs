@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::HeaderValue;
 use axum::http::header::{
     CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, RETRY_AFTER, WWW_AUTHENTICATE,
@@ -32,6 +32,7 @@ use crate::error::Error;
 use crate::http::MCP_PATH;
 use crate::http::error::{retry_after_header, status_of};
 use crate::principal::Principal;
+use crate::settings::Settings;
 use crate::tool_error::ToolError;
 use crate::wire::{BEARER_CHALLENGE, JSON, NO_STORE, codes};
 
@@ -47,12 +48,12 @@ pub(crate) struct McpSettings {
     pub(crate) stdio_principal: Principal,
 }
 
-/// `/mcp`, behind the gate. `allowed_origins`: the browser origins allowed besides the
-/// loopback ones, the same list as carmy/1's CORS. `shutdown` ends every session and stream (the end of a graceful
-/// shutdown: an open session stream would otherwise keep the server up forever).
+/// `/mcp`, behind the gate, whose configuration snapshot gives the browser origins allowed
+/// besides the loopback ones (the same list as carmy/1's CORS). `shutdown` ends every session
+/// and stream (the end of a graceful shutdown: an open session stream would otherwise keep the
+/// server up forever).
 pub(crate) fn router(
     handler: McpHandler,
-    allowed_origins: &[String],
     keep_alive: Duration,
     shutdown: CancellationToken,
 ) -> Router {
@@ -69,12 +70,9 @@ pub(crate) fn router(
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let gate = Arc::new(Gate {
-        allowed_origins: allowed_origins.to_vec(),
-    });
     Router::new()
         .route_service(MCP_PATH, service)
-        .route_layer(middleware::from_fn_with_state(gate, admit))
+        .route_layer(middleware::from_fn(admit))
 }
 
 /// Serves MCP on stdin and stdout until the client closes stdin. Logs belong on stderr.
@@ -90,16 +88,15 @@ pub(crate) async fn serve_stdio(handler: McpHandler) -> Result<(), Error> {
     Ok(())
 }
 
-/// What `/mcp` checks before the SDK sees a request.
-struct Gate {
-    allowed_origins: Vec<String>,
-}
-
 /// Refuses foreign browser origins (`403`); the protection gate in front has already attached
-/// the caller.
-async fn admit(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+/// the caller and the configuration snapshot.
+async fn admit(request: Request, next: Next) -> Response {
+    let allowed: &[String] = request
+        .extensions()
+        .get::<Arc<Settings>>()
+        .map_or(&[], |settings| &settings.protection.cors_origins);
     if let Some(origin) = request.headers().get(ORIGIN)
-        && !origin_allowed(origin, &gate.allowed_origins)
+        && !origin_allowed(origin, allowed)
     {
         let error = ToolError::permission(
             codes::ORIGIN_NOT_ALLOWED,

@@ -1,4 +1,4 @@
-//! The catalog as MCP `Tool`s: built once when the router is built, served from memory.
+//! The catalog as MCP `Tool`s, listed from the configuration snapshot of each request.
 
 use serde_json::{Value, json};
 
@@ -30,8 +30,8 @@ fn describe(tool: &CatalogTool) -> Value {
     let mut described = json!({
         "name": descriptor.name,
         "title": title(descriptor.name),
-        "description": tool.description,
-        "inputSchema": tool.input_schema,
+        "description": &*tool.description,
+        "inputSchema": &*tool.input_schema,
         "annotations": {
             "readOnlyHint": effect.is_read_only(),
             "destructiveHint": effect == Effect::Destructive,
@@ -45,13 +45,13 @@ fn describe(tool: &CatalogTool) -> Value {
             "confirmation": descriptor.confirmation,
         } },
     });
-    if let Some(timeout) = descriptor.timeout {
+    if let Some(timeout) = tool.timeout {
         described["_meta"][TOOL_META_KEY]["timeout_ms"] = json!(timeout.as_millis());
     }
     // MCP output schemas describe `structuredContent`, which is always an object: other outputs
     // are sent as text only.
     if has_structured_output(tool) {
-        described["outputSchema"] = tool.output_schema.clone();
+        described["outputSchema"] = (*tool.output_schema).clone();
     }
     described
 }

@@ -20,6 +20,7 @@ use serde_json::json;
 use crate::auth::{self, Authenticator};
 use crate::http::is_probe;
 use crate::principal::{Principal, TrustLevel};
+use crate::settings::Current;
 use crate::tool_error::ToolError;
 use crate::wire::{
     CARMY_REPLAYED, CARMY_VERSION, IDEMPOTENCY_KEY, LAST_EVENT_ID, MCP_METHOD, MCP_NAME,
@@ -78,24 +79,23 @@ impl Default for Protection {
     }
 }
 
+/// Wraps every route of `router` in the checks of the configuration in force, whose snapshot
+/// each request then carries to its route; `refuse` renders a refusal in the transport's own
+/// error shape.
+pub(crate) fn guard(current: &Current, router: Router, refuse: Refuse) -> Router {
+    router.layer(middleware::from_fn_with_state(
+        (Arc::clone(current), refuse),
+        guard_request,
+    ))
+}
+
+/// Answers browser preflights and adds CORS headers for the origins of the configuration in
+/// force (none allowed while the list is empty).
+pub(crate) fn cors(current: &Current, router: Router) -> Router {
+    router.layer(cors_layer(Arc::clone(current)))
+}
+
 impl Protection {
-    /// Wraps every route of `router` in the checks; `refuse` renders a refusal in the
-    /// transport's own error shape.
-    pub(crate) fn guard(self: &Arc<Self>, router: Router, refuse: Refuse) -> Router {
-        router.layer(middleware::from_fn_with_state(
-            (Arc::clone(self), refuse),
-            guard,
-        ))
-    }
-
-    /// Answers browser preflights and adds CORS headers, when origins are configured.
-    pub(crate) fn cors(&self, router: Router) -> Router {
-        match cors_layer(&self.cors_origins) {
-            Some(cors) => router.layer(cors),
-            None => router,
-        }
-    }
-
     /// Version, then caller, then budget; the caller is attached to the request for the
     /// routes.
     async fn admit(&self, request: Request) -> Result<Request, ToolError> {
@@ -153,11 +153,16 @@ impl Protection {
     }
 }
 
-async fn guard(
-    State((protection, refuse)): State<(Arc<Protection>, Refuse)>,
-    request: Request,
+/// The one read of the configuration a request makes: admission, the route and the response
+/// headers all see this snapshot.
+async fn guard_request(
+    State((current, refuse)): State<(Current, Refuse)>,
+    mut request: Request,
     next: Next,
 ) -> Response {
+    let settings = current.load_full();
+    request.extensions_mut().insert(Arc::clone(&settings));
+    let protection = &settings.protection;
     let mut response = match protection.admit(request).await {
         Ok(request) => next.run(request).await,
         Err(error) => refuse(error),
@@ -211,49 +216,43 @@ fn last_forwarded_for(headers: &HeaderMap) -> Option<IpAddr> {
     value.to_str().ok()?.rsplit(',').next()?.trim().parse().ok()
 }
 
-/// CORS for carmy/1 and `/mcp`. A request with several `Origin`s (which the gate refuses) is
-/// granted nothing.
-fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+/// CORS for carmy/1 and `/mcp`, for the origins of the configuration in force. A request with
+/// several `Origin`s (which the gate refuses) is granted nothing.
+fn cors_layer(current: Current) -> tower_http::cors::CorsLayer {
     use tower_http::cors::{AllowOrigin, CorsLayer};
-    if origins.is_empty() {
-        return None;
-    }
-    let origins: Vec<HeaderValue> = origins
-        .iter()
-        .filter_map(|origin| HeaderValue::from_str(origin).ok())
-        .collect();
     let allowed = move |origin: &HeaderValue, request: &axum::http::request::Parts| {
         request.headers.get_all(ORIGIN).iter().count() == 1
-            && origins
+            && current
+                .load()
+                .protection
+                .cors_origins
                 .iter()
                 .any(|allowed| allowed.as_bytes().eq_ignore_ascii_case(origin.as_bytes()))
     };
-    Some(
-        CorsLayer::new()
-            .allow_origin(AllowOrigin::predicate(allowed))
-            // DELETE ends an MCP session.
-            .allow_methods([Method::GET, Method::POST, Method::DELETE])
-            .allow_headers([
-                axum::http::header::AUTHORIZATION,
-                axum::http::header::CONTENT_TYPE,
-                axum::http::header::ACCEPT,
-                axum::http::header::IF_NONE_MATCH,
-                CARMY_VERSION.clone(),
-                IDEMPOTENCY_KEY.clone(),
-                MCP_SESSION_ID.clone(),
-                MCP_PROTOCOL_VERSION.clone(),
-                MCP_METHOD.clone(),
-                MCP_NAME.clone(),
-                LAST_EVENT_ID.clone(),
-            ])
-            .expose_headers([
-                CARMY_VERSION.clone(),
-                axum::http::header::ETAG,
-                axum::http::header::RETRY_AFTER,
-                CARMY_REPLAYED.clone(),
-                MCP_SESSION_ID.clone(),
-            ]),
-    )
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::predicate(allowed))
+        // DELETE ends an MCP session.
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers([
+            axum::http::header::AUTHORIZATION,
+            axum::http::header::CONTENT_TYPE,
+            axum::http::header::ACCEPT,
+            axum::http::header::IF_NONE_MATCH,
+            CARMY_VERSION.clone(),
+            IDEMPOTENCY_KEY.clone(),
+            MCP_SESSION_ID.clone(),
+            MCP_PROTOCOL_VERSION.clone(),
+            MCP_METHOD.clone(),
+            MCP_NAME.clone(),
+            LAST_EVENT_ID.clone(),
+        ])
+        .expose_headers([
+            CARMY_VERSION.clone(),
+            axum::http::header::ETAG,
+            axum::http::header::RETRY_AFTER,
+            CARMY_REPLAYED.clone(),
+            MCP_SESSION_ID.clone(),
+        ])
 }
 
 #[cfg(test)]

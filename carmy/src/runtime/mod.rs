@@ -62,10 +62,10 @@ const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
 /// Refuses a record ttl that a running execution could outlive: its record would expire while it
 /// runs, and a retry would run the tool a second time.
-fn check_record_ttl(catalog: &Catalog, settings: &Settings) -> Result<(), Error> {
+pub(crate) fn check_record_ttl(catalog: &Catalog, settings: &Settings) -> Result<(), Error> {
     for tool in catalog.tools() {
         let descriptor = tool.descriptor;
-        let lease = descriptor.timeout.unwrap_or(settings.default_timeout) + LEASE_MARGIN;
+        let lease = tool.timeout.unwrap_or(settings.default_timeout) + LEASE_MARGIN;
         if settings.record_ttl < lease {
             return Err(Error::TtlShorterThanDeadline {
                 tool: descriptor.name.to_owned(),
@@ -81,6 +81,8 @@ fn check_record_ttl(catalog: &Catalog, settings: &Settings) -> Result<(), Error>
 /// What a transport asks the runtime to run.
 #[derive(Debug)]
 pub(crate) struct Call {
+    /// The catalog of the configuration snapshot the request started with.
+    pub(crate) catalog: Arc<Catalog>,
     pub(crate) tool: String,
     pub(crate) arguments: Value,
     /// Already checked with [`check_request_id`].
@@ -113,7 +115,6 @@ pub(crate) fn check_request_id(request_id: &str) -> Result<(), ToolError> {
 
 /// The execution pipeline of one app.
 pub(crate) struct Runtime {
-    catalog: Arc<Catalog>,
     states: Arc<StateMap>,
     store: Arc<dyn IdempotencyStore>,
     settings: Settings,
@@ -138,7 +139,6 @@ struct StoreLogs {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("catalog", &self.catalog)
             .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
@@ -185,22 +185,21 @@ enum Ran {
 }
 
 impl Runtime {
+    /// A runtime for the tools of `catalog` (every tool, before any override).
     pub(crate) fn new(
-        catalog: Arc<Catalog>,
+        catalog: &Catalog,
         states: StateMap,
         store: Arc<dyn IdempotencyStore>,
         settings: Settings,
         health: Health,
-    ) -> Result<Self, Error> {
-        check_record_ttl(&catalog, &settings)?;
+    ) -> Self {
         let serial = catalog
             .tools()
             .iter()
             .filter(|tool| !tool.descriptor.parallel_safe)
             .map(|tool| (tool.descriptor.name, Arc::new(Mutex::new(()))))
             .collect();
-        Ok(Runtime {
-            catalog,
+        Runtime {
             states: Arc::new(states),
             store,
             in_flight: Arc::new(Semaphore::new(settings.max_in_flight)),
@@ -210,11 +209,7 @@ impl Runtime {
             tasks: TaskTracker::new(),
             logs: StoreLogs::default(),
             health,
-        })
-    }
-
-    pub(crate) fn catalog(&self) -> &Catalog {
-        &self.catalog
+        }
     }
 
     pub(crate) fn health(&self) -> &Health {
@@ -301,13 +296,14 @@ impl Runtime {
     /// and the arguments (for the suggestions).
     fn prepare(&self, call: Call, execution_id: Arc<str>) -> Result<Prepared, Rejected> {
         let Call {
+            catalog,
             tool,
             arguments,
             request_id,
             principal,
         } = call;
-        let Some(entry) = self.catalog.get_visible(&tool, principal.trust()) else {
-            let error = tool_not_found(&self.catalog, &tool, principal.trust());
+        let Some(entry) = catalog.get_visible(&tool, principal.trust()) else {
+            let error = tool_not_found(&catalog, &tool, principal.trust());
             return Err(Rejected {
                 error,
                 tool,
@@ -343,7 +339,7 @@ impl Runtime {
                 fingerprint::fingerprint(descriptor.name, &arguments),
             )
         });
-        let timeout = descriptor.timeout.unwrap_or(self.settings.default_timeout);
+        let timeout = entry.timeout.unwrap_or(self.settings.default_timeout);
         Ok(Prepared {
             execution_id,
             tool: descriptor,

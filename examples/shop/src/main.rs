@@ -4,8 +4,9 @@
 //! Idempotency records live where `CARMY_IDEMPOTENCY_URL` says (`postgres://…`, `redis://…`,
 //! `file:PATH`), in memory when it is unset; a store that cannot be reached stops the start.
 //!
-//! Tokens, rate limits, CORS and the server's timeouts come from `carmy.toml`: `CARMY_CONFIG`
-//! when set, else the example's own `examples/shop/carmy.toml`.
+//! Tokens, rate limits, CORS, per-tool overrides and the server's timeouts come from
+//! `carmy.toml`: `CARMY_CONFIG` when set, else the example's own `examples/shop/carmy.toml`,
+//! reloaded while the shop serves.
 
 use std::io::IsTerminal;
 
@@ -26,8 +27,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         || concat!(env!("CARGO_MANIFEST_DIR"), "/carmy.toml").into(),
         std::path::PathBuf::from,
     );
-    let config = carmy::Config::load_from(&config_path)?;
-    let app = shop::app().idempotency_store(store).config(config);
+    // Reloaded while serving: on SIGHUP, when the file changes, on POST /agent/admin/reload.
+    let app = shop::app()
+        .idempotency_store(store)
+        .config_file(&config_path)?;
     // The program decides its transport: `shop mcp` is for desktop hosts that start it.
     if std::env::args().nth(1).as_deref() == Some("mcp") {
         app.serve_stdio().await?;

@@ -1,0 +1,90 @@
+//! `POST /agent/admin/reload` (`protocol.md` §7): reloads `carmy.toml` now. Only `internal`
+//! callers and holders of `manage:config` may; to anyone else the route does not exist (the
+//! same `404` as an unknown route), so it reveals nothing.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http_body_util::{BodyExt, Limited};
+use serde_json::json;
+
+use crate::principal::{Principal, TrustLevel};
+use crate::reload::{ReloadError, Reloaded, Reloader, Trigger};
+use crate::tool_error::ToolError;
+use crate::wire::{JSON, NO_STORE, codes};
+
+pub(crate) const RELOAD_PATH: &str = "/agent/admin/reload";
+/// The permission that opens the route to a caller below `internal`.
+const MANAGE_CONFIG: &str = "manage:config";
+
+pub(crate) fn router(reloader: Arc<Reloader>) -> Router {
+    Router::new()
+        .route(RELOAD_PATH, post(reload))
+        .with_state(reloader)
+}
+
+/// `200` with `{"result": "applied" | "unchanged", "tools_changed": …}`; a file that fails is
+/// `409 CONFIG_INVALID` with the error, a restart-only change `409 RESTART_REQUIRED` naming the
+/// key.
+async fn reload(State(reloader): State<Arc<Reloader>>, request: Request) -> Response {
+    let allowed = request
+        .extensions()
+        .get::<Principal>()
+        .is_some_and(|caller| {
+            caller.trust() == TrustLevel::Internal || caller.has_permission(MANAGE_CONFIG)
+        });
+    if !allowed {
+        return super::route_not_found().await.into_response();
+    }
+    if let Err(error) = empty_body(request.into_body()).await {
+        return error.into_response();
+    }
+    let reloaded = match reloader.reload(Trigger::Admin) {
+        Ok(reloaded) => reloaded,
+        Err(error) => return refusal(&error).into_response(),
+    };
+    let body = match reloaded {
+        Reloaded::Applied { tools_changed } => {
+            json!({ "result": "applied", "tools_changed": tools_changed })
+        }
+        Reloaded::Unchanged => json!({ "result": "unchanged", "tools_changed": false }),
+    };
+    (
+        [
+            (CONTENT_TYPE, JSON.clone()),
+            (CACHE_CONTROL, NO_STORE.clone()),
+        ],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// The reload takes no input: a body is refused rather than ignored.
+async fn empty_body(body: Body) -> Result<(), ToolError> {
+    match Limited::new(body, 0).collect().await {
+        Ok(_) => Ok(()),
+        Err(error) if super::body_timed_out(&*error) => Err(super::body_timeout()),
+        Err(_) => Err(ToolError::invalid_request(
+            "the reload takes no request body",
+        )),
+    }
+}
+
+fn refusal(error: &ReloadError) -> ToolError {
+    let code = match error {
+        ReloadError::RestartRequired { .. } => codes::RESTART_REQUIRED,
+        ReloadError::NoFile | ReloadError::Invalid(_) => codes::CONFIG_INVALID,
+    };
+    let details = match error {
+        ReloadError::RestartRequired { key, .. } => json!({ "key": key }),
+        ReloadError::NoFile | ReloadError::Invalid(_) => json!({ "reason": error.to_string() }),
+    };
+    ToolError::conflict(code, error.to_string())
+        .recoverable(false)
+        .details(details)
+}

@@ -1,0 +1,103 @@
+//! The configuration snapshot: every object a request reads that `carmy.toml` may change (the
+//! admission settings, the catalog with its per-tool overrides, the serialized documents),
+//! derived from one [`Config`] in one step that either succeeds whole or changes nothing.
+//!
+//! The protection gate loads the snapshot once per request and attaches it to the request, so
+//! the routes behind it serve that same snapshot even when a reload swaps in another meanwhile.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use axum::http::Extensions;
+
+use crate::catalog::Catalog;
+use crate::config::Config;
+use crate::error::Error;
+use crate::http::Documents;
+use crate::principal::TrustLevel;
+use crate::protection::Protection;
+use crate::runtime;
+
+/// The snapshot in force; a reload swaps it atomically.
+pub(crate) type Current = Arc<ArcSwap<Settings>>;
+
+/// One configuration, with everything derived from it.
+pub(crate) struct Settings {
+    pub(crate) protection: Protection,
+    pub(crate) catalog: Arc<Catalog>,
+    pub(crate) documents: Documents,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("tools", &self.catalog.tools().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settings {
+    /// The snapshot the gate attached to a request, else the one in force (a request that did
+    /// not pass the gate, as on MCP's stdio).
+    pub(crate) fn of(request: &Extensions, current: &Current) -> Arc<Settings> {
+        request
+            .get::<Arc<Settings>>()
+            .cloned()
+            .unwrap_or_else(|| current.load_full())
+    }
+
+    /// `tools_version` of each trust level's catalog, indexed by [`TrustLevel::index`].
+    pub(crate) fn tools_versions(&self) -> [&str; 4] {
+        TrustLevel::ALL.map(|trust| self.documents.tools_version(trust))
+    }
+}
+
+/// What the builder set, onto which every configuration file applies.
+pub(crate) struct Base {
+    pub(crate) name: String,
+    /// Whether MCP is served, which discovery announces.
+    pub(crate) mcp: bool,
+    /// Every tool as declared.
+    pub(crate) catalog: Catalog,
+    pub(crate) protection: Protection,
+    pub(crate) runtime: runtime::Settings,
+}
+
+impl Base {
+    /// The settings of `config` over the builder's: its tokens replace the builder's
+    /// authenticator (none keeps it), its limits, CORS origins and header settings replace the
+    /// builder's, its `[tools.NAME]` tables override the tools.
+    pub(crate) fn build(&self, config: Option<&Config>) -> Result<Settings, Error> {
+        let mut protection = self.protection.clone();
+        let catalog = match config {
+            None => Catalog::clone(&self.catalog),
+            Some(config) => {
+                let Config {
+                    authenticator,
+                    limits,
+                    trust_forwarded_for,
+                    cors_origins,
+                    security_headers,
+                    // Applied once, to the server: a change needs a restart.
+                    server: _,
+                    tools,
+                } = config;
+                if let Some(tokens) = authenticator {
+                    protection.authenticator = Some(Arc::new(tokens.clone()));
+                }
+                protection.limits = *limits;
+                protection.trust_forwarded_for = *trust_forwarded_for;
+                protection.cors_origins.clone_from(cors_origins);
+                protection.security_headers = *security_headers;
+                self.catalog.with_overrides(tools)?
+            }
+        };
+        runtime::check_record_ttl(&catalog, &self.runtime)?;
+        let documents = Documents::build(&self.name, &catalog, self.mcp);
+        Ok(Settings {
+            protection,
+            catalog: Arc::new(catalog),
+            documents,
+        })
+    }
+}
