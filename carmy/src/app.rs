@@ -481,6 +481,7 @@ impl App {
             self.reloads,
         );
         Ok(Started {
+            #[cfg(feature = "mcp")]
             name,
             runtime: Arc::new(runtime),
             current,
@@ -491,6 +492,8 @@ impl App {
 
 /// A checked app with its runtime running.
 struct Started {
+    /// The server's name, which MCP announces.
+    #[cfg(feature = "mcp")]
     name: String,
     runtime: Arc<Runtime>,
     current: Current,

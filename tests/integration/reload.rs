@@ -562,3 +562,47 @@ fn a_config_file_that_does_not_exist_stops_the_start() {
         .to_string();
     assert!(error.contains("/nonexistent/carmy.toml"), "{error}");
 }
+
+/// The rate-limit backend is a health component exactly while the configuration in force sets
+/// a limit: a reload that sets the first one adds it, one that removes the last removes it.
+#[tokio::test]
+async fn the_rate_limit_check_follows_the_reloaded_limits() {
+    let Some(url) = carmy_tests::server_url("CARMY_TEST_REDIS_URL") else {
+        return;
+    };
+    let file = ConfigFile::new("rate-check", &tokens());
+    let limiter = carmy::protection::RedisRateLimiter::connect(&url)
+        .await
+        .unwrap();
+    let router = app_with(&file, &Probe::default())
+        .rate_limiter(limiter)
+        .health_check_interval(Duration::from_millis(20))
+        .router()
+        .unwrap();
+    let rate_check = async || {
+        get_as(&router, "/agent/health", Some(ROOT)).await.json()["checks"]["rate_limit"].clone()
+    };
+    // Several rounds of checks pass with no limit set, and none lists the limiter.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rate_check().await, Value::Null);
+
+    file.replace(&format!("{}\n[rate_limit]\nanonymous = 1000\n", tokens()));
+    assert_eq!(
+        admin_reload(&router, Some(ROOT)).await.status,
+        StatusCode::OK
+    );
+    eventually("the limiter is checked", async || {
+        rate_check().await["status"] == "pass"
+    })
+    .await;
+
+    file.replace(&tokens());
+    assert_eq!(
+        admin_reload(&router, Some(ROOT)).await.status,
+        StatusCode::OK
+    );
+    eventually("the limiter is no longer listed", async || {
+        rate_check().await == Value::Null
+    })
+    .await;
+}
