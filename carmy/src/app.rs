@@ -447,7 +447,7 @@ impl App {
         let runtime = Runtime::new(
             &catalog,
             self.states,
-            store.clone(),
+            Arc::clone(&store),
             self.settings.clone(),
             self.health.clone(),
         );

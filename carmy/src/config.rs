@@ -548,6 +548,59 @@ mod tests {
     }
 
     #[test]
+    fn tool_overrides() {
+        let config = parse(
+            "[tools.a]\nenabled = false\n\n[tools.b]\naccess = \"anonymous\"\ntimeout = \"1m 30s\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.tools["a"],
+            ToolOverride {
+                enabled: false,
+                access: None,
+                timeout: None,
+                location: "carmy.toml:1".to_owned(),
+            }
+        );
+        assert_eq!(config.tools["b"].access, Some(TrustLevel::Anonymous));
+        assert_eq!(config.tools["b"].timeout, Some(Duration::from_secs(90)));
+        assert_eq!(config.tools["b"].location, "carmy.toml:4");
+        for (text, expected) in [
+            (
+                "[tools.a]\ntimeout = \"soon\"\n",
+                "`soon` is not a duration",
+            ),
+            ("[tools.a]\ntimeout = \"0s\"\n", "at least 1ms"),
+            ("[tools.a]\ntimeout = 30\n", "line 2"),
+            ("[tools.a]\naccess = \"root\"\n", "`partner`"),
+            ("[tools.a]\nhidden = true\n", "unknown field `hidden`"),
+        ] {
+            let error = parse(text).unwrap_err();
+            assert!(error.contains(expected), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn only_server_keys_need_a_restart() {
+        let before = parse("[server]\nhead_timeout_secs = 5\n").unwrap();
+        let tokens = parse(
+            "security_headers = true\n[rate_limit]\nknown = 3\n[server]\nhead_timeout_secs = 5\n",
+        )
+        .unwrap();
+        assert_eq!(before.restart_required(&tokens), None);
+        let dropped = parse("").unwrap();
+        assert_eq!(
+            before.restart_required(&dropped),
+            Some("server.head_timeout_secs")
+        );
+        let grace = parse("[server]\nhead_timeout_secs = 5\nshutdown_grace_secs = 3\n").unwrap();
+        assert_eq!(
+            before.restart_required(&grace),
+            Some("server.shutdown_grace_secs")
+        );
+    }
+
+    #[test]
     fn rate_limits_per_level() {
         let config = parse("[rate_limit]\nwindow_secs = 10\nknown = 5\n").unwrap();
         assert_eq!(config.limits[TrustLevel::Anonymous.index()], None);
