@@ -1,5 +1,6 @@
 //! The configuration snapshot: every object a request reads that `carmy.toml` may change (the
-//! admission settings, the catalog with its per-tool overrides, the serialized documents),
+//! admission settings, the catalog with its per-tool overrides, the serialized documents and
+//! MCP's tool lists),
 //! derived from one [`Config`] in one step that either succeeds whole or changes nothing.
 //!
 //! The protection gate loads the snapshot once per request and attaches it to the request, so
@@ -26,6 +27,9 @@ pub(crate) struct Settings {
     pub(crate) protection: Protection,
     pub(crate) catalog: Arc<Catalog>,
     pub(crate) documents: Documents,
+    /// MCP's tool list of each trust level, indexed by [`TrustLevel::index`].
+    #[cfg(feature = "mcp")]
+    pub(crate) mcp_tools: [Vec<rmcp::model::Tool>; 4],
 }
 
 impl std::fmt::Debug for Settings {
@@ -96,6 +100,8 @@ impl Base {
         let documents = Documents::build(&self.name, &catalog, self.mcp);
         Ok(Settings {
             protection,
+            #[cfg(feature = "mcp")]
+            mcp_tools: TrustLevel::ALL.map(|trust| crate::mcp::tools::list(&catalog, trust)),
             catalog: Arc::new(catalog),
             documents,
         })

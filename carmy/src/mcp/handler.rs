@@ -114,7 +114,7 @@ impl ServerHandler for McpHandler {
     ) -> Result<ListToolsResult, ErrorData> {
         let (principal, settings) = self.caller(&context);
         Ok(
-            ListToolsResult::with_all_items(tools::list(&settings.catalog, principal.trust()))
+            ListToolsResult::with_all_items(settings.mcp_tools[principal.trust().index()].clone())
                 .with_ttl_ms(LIST_TTL_MS)
                 .with_cache_scope(CacheScope::Private),
         )

@@ -7,7 +7,7 @@
 //! server side, exactly as for `POST /agent/execute`.
 
 mod handler;
-mod tools;
+pub(crate) mod tools;
 
 use std::sync::Arc;
 use std::time::Duration;

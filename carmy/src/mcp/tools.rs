@@ -1,4 +1,4 @@
-//! The catalog as MCP `Tool`s, listed from the configuration snapshot of each request.
+//! The catalog as MCP `Tool`s: built with each configuration snapshot, served from memory.
 
 use serde_json::{Value, json};
 
