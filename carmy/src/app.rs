@@ -337,7 +337,15 @@ impl App {
         let mcp = self.mcp.clone();
         let (name, runtime) = self.into_runtime()?;
         let router = protection.guard(
-            http::router(&name, Arc::clone(&runtime), &http, cfg!(feature = "mcp")),
+            http::router(
+                &name,
+                Arc::clone(&runtime),
+                &http,
+                http::Features {
+                    mcp: cfg!(feature = "mcp"),
+                    bearer: protection.authenticator.is_some(),
+                },
+            ),
             <ToolError as IntoResponse>::into_response,
         );
         #[cfg(feature = "mcp")]

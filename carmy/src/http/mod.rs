@@ -5,6 +5,7 @@ mod documents;
 pub(crate) mod error;
 mod execute;
 mod health;
+mod openapi;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,11 +15,9 @@ use axum::routing::{any, get, post};
 
 use crate::runtime::Runtime;
 use crate::tool_error::{Category, ToolError};
-use crate::wire::codes;
+use crate::wire::{codes, paths};
 
-pub(crate) use documents::Documents;
-#[cfg(feature = "mcp")]
-pub(crate) use documents::MCP_PATH;
+pub(crate) use documents::{Documents, Features};
 pub(crate) use health::is_probe;
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
@@ -40,22 +39,24 @@ impl Default for HttpSettings {
 }
 
 /// The routes of protocol.md, with JSON answers for unknown routes and methods under carmy's
-/// own paths only, so that the router merges into a host's that has its own fallback. `mcp`:
-/// whether the app also serves MCP, which discovery announces.
+/// own paths only, so that the router merges into a host's that has its own fallback.
+/// `features`: what the app serves besides carmy/1's routes, which the documents announce.
 pub(crate) fn router(
     name: &str,
     runtime: Arc<Runtime>,
     settings: &HttpSettings,
-    mcp: bool,
+    features: Features,
 ) -> Router {
-    let documents = Arc::new(Documents::build(name, runtime.catalog(), mcp));
+    let documents = Arc::new(Documents::build(name, runtime.catalog(), features));
     let health = health::router(runtime.health().clone());
     let documents = Router::new()
-        .route(documents::DISCOVERY_PATH, get(documents::discovery))
-        .route(documents::CATALOG_PATH, get(documents::catalog))
+        .route(paths::DISCOVERY, get(documents::discovery))
+        .route(paths::CATALOG, get(documents::catalog))
+        .route(paths::OPENAPI, get(openapi::document))
         .with_state(documents);
     let execute = Router::new()
-        .route(documents::EXECUTE_PATH, post(execute::execute))
+        .route(paths::EXECUTE, post(execute::execute))
+        .route(paths::TOOL, post(openapi::call_tool))
         .with_state(execute::ExecuteState {
             runtime,
             keep_alive: settings.keep_alive,
@@ -65,7 +66,7 @@ pub(crate) fn router(
         .merge(health)
         .method_not_allowed_fallback(method_not_allowed);
     let mut owned = vec!["/agent", "/agent/{*rest}", "/.well-known/agent/{*rest}"];
-    if mcp {
+    if features.mcp {
         owned.push("/mcp/{*rest}");
     }
     for path in owned {

@@ -29,10 +29,10 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::http::MCP_PATH;
 use crate::http::error::{retry_after_header, status_of};
 use crate::principal::Principal;
 use crate::tool_error::ToolError;
+use crate::wire::paths;
 use crate::wire::{BEARER_CHALLENGE, JSON, NO_STORE, codes};
 
 pub(crate) use handler::McpHandler;
@@ -73,7 +73,7 @@ pub(crate) fn router(
         allowed_origins: allowed_origins.to_vec(),
     });
     Router::new()
-        .route_service(MCP_PATH, service)
+        .route_service(paths::MCP, service)
         .route_layer(middleware::from_fn_with_state(gate, admit))
 }
 
