@@ -605,3 +605,121 @@ async fn whole_number_floats_are_integers() {
         assert_eq!(answer.json()["error"]["code"], "INVALID_ARGUMENTS");
     }
 }
+
+/// The example as shipped (`CARMY_SHOP_BIN`, with its `carmy.toml`) on a loopback port; killed
+/// when dropped.
+struct ShippedShop {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl ShippedShop {
+    async fn start(program: &std::path::Path) -> Self {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .unwrap();
+        let child = std::process::Command::new(program)
+            .env("CARMY_ADDR", addr.to_string())
+            .env("RUST_LOG", "warn")
+            .env_remove("CARMY_IDEMPOTENCY_URL")
+            .env_remove("CARMY_CONFIG")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|error| panic!("{program:?} cannot start: {error}"));
+        let shop = ShippedShop { child, addr };
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return shop;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("the shop did not listen on {addr} within 10 s");
+    }
+}
+
+impl Drop for ShippedShop {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs one of the OpenAPI tools to its end; fails the test with its output unless it succeeds.
+async fn run_tool(program: std::path::PathBuf, args: Vec<String>, dir: &std::path::Path) {
+    let mut command = std::process::Command::new(&program);
+    command.args(&args).current_dir(dir);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("the tool runs")
+        .unwrap_or_else(|error| panic!("{program:?} cannot start: {error}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{program:?} {args:?} failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    println!("{stdout}");
+}
+
+/// The documents validate as OpenAPI 3.1 (`openapi-spec-validator`), and `schemathesis` with
+/// every check finds nothing against the running example, as an internal caller (all tools,
+/// no rate limit) and as an anonymous one (the shipped 60 calls a minute). Bounded for CI, with
+/// a fixed seed so a run is repeatable; `python3 benches/run.py --only fuzz` runs longer, with
+/// fresh seeds and the stateful phase.
+///
+/// `.ci/run` installs the tools in a virtualenv named by `CARMY_OPENAPI_VENV`, and builds the
+/// example named by `CARMY_SHOP_BIN`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_example_as_shipped_validates_and_survives_schemathesis() {
+    let (Some(venv), Some(shop)) = (
+        carmy_tests::server_url("CARMY_OPENAPI_VENV"),
+        carmy_tests::server_url("CARMY_SHOP_BIN"),
+    ) else {
+        return;
+    };
+    let bin = std::path::Path::new(&venv).join("bin");
+    let shop = ShippedShop::start(shop.as_ref()).await;
+    let dir = carmy_tests::TempDir::new("openapi-tools");
+    let url = format!("http://{}/agent/openapi.json", shop.addr);
+    for (name, authorization) in [("anonymous", None), ("internal", Some(INTERNAL_TOKEN))] {
+        let mut request = Request::get("/agent/openapi.json").header("host", shop.addr.to_string());
+        if let Some(authorization) = authorization {
+            request = request.header("authorization", authorization);
+        }
+        let answer = carmy_tests::send_to(shop.addr, request.body(Body::empty()).unwrap()).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        let file = dir.0.join(format!("{name}.json"));
+        std::fs::write(&file, &answer.body).unwrap();
+        run_tool(
+            bin.join("openapi-spec-validator"),
+            vec![file.to_string_lossy().into_owned()],
+            &dir.0,
+        )
+        .await;
+
+        let mut args: Vec<String> = [
+            "--no-color",
+            "run",
+            &url,
+            "--checks",
+            "all",
+            "--phases",
+            "coverage,fuzzing",
+            "--max-examples",
+            "10",
+            "--seed",
+            "20261201",
+            "--request-timeout",
+            "15",
+            "--generation-database",
+            "none",
+        ]
+        .map(str::to_owned)
+        .into();
+        if let Some(authorization) = authorization {
+            args.extend(["-H".to_owned(), format!("Authorization: {authorization}")]);
+        }
+        run_tool(bin.join("schemathesis"), args, &dir.0).await;
+    }
+}
