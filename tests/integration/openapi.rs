@@ -712,6 +712,9 @@ async fn the_example_as_shipped_validates_and_survives_schemathesis() {
             "20261201",
             "--request-timeout",
             "15",
+            // `generate_report` works at most 10 s: any valid call answers within 15 s.
+            "--max-response-time",
+            "15",
             "--generation-database",
             "none",
         ]
