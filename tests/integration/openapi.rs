@@ -606,6 +606,96 @@ async fn whole_number_floats_are_integers() {
     }
 }
 
+/// A folder tree: a recursive type at the root of an input.
+#[derive(serde::Deserialize, serde::Serialize, carmy::JsonSchema)]
+struct Folder {
+    /// The folder's name.
+    name: String,
+    /// Nested folders.
+    #[serde(default)]
+    children: Vec<Folder>,
+}
+
+/// A recursive type below the root, which schemars puts in `$defs`.
+#[derive(serde::Deserialize, serde::Serialize, carmy::JsonSchema)]
+struct Drive {
+    /// The drive's root folder.
+    root: Folder,
+}
+
+/// Echoes a folder tree.
+#[carmy::tool(effect = "none", register = false)]
+async fn echo_folder(input: Folder) -> Result<Folder, carmy::ToolError> {
+    Ok(input)
+}
+
+/// Echoes a drive.
+#[carmy::tool(effect = "none", register = false)]
+async fn echo_drive(input: Drive) -> Result<Drive, carmy::ToolError> {
+    Ok(input)
+}
+
+/// Every `$ref` in `value`.
+fn references(value: &Value, found: &mut Vec<String>) {
+    match value {
+        Value::Object(fields) => {
+            for (key, field) in fields {
+                match field {
+                    Value::String(reference) if key == "$ref" => found.push(reference.clone()),
+                    _ => references(field, found),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| references(item, found)),
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn every_reference_resolves_inside_the_document_recursive_types_included() {
+    let router = carmy::App::new()
+        .tool(echo_folder::TOOL)
+        .tool(echo_drive::TOOL)
+        .router()
+        .unwrap();
+    let catalog = get(&router, "/agent/tools").await.json();
+    let document = openapi_as(&router, None).await;
+    // The catalog's schemas point into their own `$defs` or at themselves (`#`).
+    let mut catalog_references = Vec::new();
+    references(&catalog, &mut catalog_references);
+    assert!(catalog_references.iter().any(|reference| reference == "#"));
+    assert!(
+        catalog_references
+            .iter()
+            .any(|reference| reference.starts_with("#/$defs/"))
+    );
+
+    let mut found = Vec::new();
+    references(&document, &mut found);
+    assert!(!found.is_empty());
+    for reference in &found {
+        let pointer = reference
+            .strip_prefix('#')
+            .unwrap_or_else(|| panic!("{reference} is not local"));
+        assert!(
+            pointer.starts_with("/components/"),
+            "{reference} points outside the components"
+        );
+        assert!(
+            document.pointer(pointer).is_some(),
+            "{reference} does not resolve"
+        );
+    }
+    // The root-recursive input is a component the operation refers to.
+    let folder = &document["paths"]["/agent/tools/echo_folder"]["post"]["requestBody"]["content"]["application/json"]
+        ["schema"];
+    assert_eq!(folder["$ref"], "#/components/schemas/echo_folder.input");
+    assert_eq!(
+        document["components"]["schemas"]["echo_folder.input"]["properties"]["children"]["items"]["$ref"],
+        "#/components/schemas/echo_folder.input"
+    );
+}
+
 /// The example as shipped (`CARMY_SHOP_BIN`, with its `carmy.toml`) on a loopback port; killed
 /// when dropped.
 struct ShippedShop {
