@@ -336,7 +336,7 @@ def fuzz(max_examples):
                 [schemathesis, "--no-color", "run", url, "--checks", "all", "--max-examples",
                  str(max_examples), "--request-timeout", "15", "--max-response-time", "15",
                  "--generation-database", "none", *headers],
-                capture_output=True, text=True)
+                capture_output=True, text=True, cwd=tempfile.mkdtemp())
         finally:
             server.stop()
         summary = re.search(r"(\d+) generated, .*", output.stdout)

@@ -78,6 +78,32 @@ fn assert_snapshot(name: &str, document: &Value) {
     );
 }
 
+/// Fails unless `answer` is one of the answers the document promises for `path`: its status is
+/// documented, and its JSON body matches the schema documented for that status.
+fn assert_documented(document: &Value, path: &str, answer: &Answer) {
+    let status = answer.status.as_u16().to_string();
+    let mut response = &document["paths"][path]["post"]["responses"][&status];
+    if let Some(reference) = response["$ref"].as_str() {
+        response = document
+            .pointer(reference.strip_prefix('#').unwrap())
+            .unwrap();
+    }
+    let schema = &response["content"]["application/json"]["schema"];
+    assert!(schema.is_object(), "{path} does not document {status}");
+    // References point into the document: validate inside it.
+    let root = json!({ "components": document["components"], "allOf": [schema] });
+    let validator = jsonschema::draft202012::new(&root).unwrap();
+    let body = answer.json();
+    let errors: Vec<String> = validator
+        .iter_errors(&body)
+        .map(|error| error.to_string())
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{path} answered {status} outside its schema: {errors:?}\n{body}"
+    );
+}
+
 fn operation_ids(document: &Value) -> BTreeSet<String> {
     document["paths"]
         .as_object()
@@ -332,6 +358,9 @@ async fn the_tool_route_answers_like_execute_on_success() {
     )
     .await;
     let tool = send(&router, tool_request("create_order", Some(&arguments), &[])).await;
+    let document = openapi_as(&router, None).await;
+    assert_documented(&document, "/agent/execute", &execute);
+    assert_documented(&document, "/agent/tools/create_order", &tool);
     assert_eq!(tool.status, execute.status);
     assert_eq!(tool.status, StatusCode::OK);
     assert_eq!(tool.header("cache-control"), Some("no-store"));
@@ -355,7 +384,11 @@ async fn the_tool_route_answers_like_execute_on_success() {
 #[tokio::test]
 async fn the_tool_route_answers_like_execute_on_errors() {
     let router = shop();
+    let document = openapi_as(&router, None).await;
     let cases = [
+        // Confirmation is checked before the arguments: a suggestion to call again never
+        // repeats arguments that are no arguments object.
+        ("cancel_order", Some(json!([null, null]))),
         // Arguments that break the schema.
         ("create_order", Some(json!({ "sku": 42 }))),
         // A required argument missing, from an empty body.
@@ -383,6 +416,10 @@ async fn the_tool_route_answers_like_execute_on_errors() {
             without_execution_id(&execute),
             "{tool}"
         );
+        assert_documented(&document, "/agent/execute", &execute);
+        if document["paths"][format!("/agent/tools/{tool}")].is_object() {
+            assert_documented(&document, &format!("/agent/tools/{tool}"), &routed);
+        }
     }
     let hidden = send(
         &router,
@@ -753,8 +790,8 @@ async fn run_tool(program: std::path::PathBuf, args: Vec<String>, dir: &std::pat
 }
 
 /// The documents validate as OpenAPI 3.1 (`openapi-spec-validator`), and `schemathesis` with
-/// every check finds nothing against the running example, as an internal caller (all tools,
-/// no rate limit) and as an anonymous one (the shipped 60 calls a minute). Bounded for CI, with
+/// every check finds nothing against the running example, as an internal, a known and an
+/// anonymous caller. Bounded for CI, with
 /// a fixed seed so a run is repeatable; `python3 benches/run.py --only fuzz` runs longer, with
 /// fresh seeds and the stateful phase.
 ///
@@ -772,7 +809,13 @@ async fn the_example_as_shipped_validates_and_survives_schemathesis() {
     let shop = ShippedShop::start(shop.as_ref()).await;
     let dir = carmy_tests::TempDir::new("openapi-tools");
     let url = format!("http://{}/agent/openapi.json", shop.addr);
-    for (name, authorization) in [("anonymous", None), ("internal", Some(INTERNAL_TOKEN))] {
+    // Internal: every tool, no rate limit. Known: confirmation refused. Anonymous: the shipped
+    // 60 calls a minute, so mostly `429`s.
+    for (name, authorization) in [
+        ("internal", Some(INTERNAL_TOKEN)),
+        ("known", Some(KNOWN_TOKEN)),
+        ("anonymous", None),
+    ] {
         let mut request = Request::get("/agent/openapi.json").header("host", shop.addr.to_string());
         if let Some(authorization) = authorization {
             request = request.header("authorization", authorization);
