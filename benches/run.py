@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Reproduces every figure of BENCHMARKS.md in one run.
 
-    python3 benches/run.py [--rounds 3] [--seconds 3] [--only http] [--scenario execute]
+    python3 benches/run.py [--rounds 3] [--seconds 3] [--only http|micro|scale|check|fuzz]
+                           [--scenario execute] [--fuzz-examples 300]
                            [--compare path/to/previous/shop]
 
 End-to-end HTTP: each server pinned to CPU 0, wrk (1 thread, 64 connections) pinned to CPU 1,
 over loopback. Targets and scenarios are interleaved (A B C D, A B C D, ...) for several rounds
 and the medians reported, each as a ratio to the hand-written axum baseline of the same round.
-Then the in-process micro-benchmarks (divan) and the scale measurements.
+Then the in-process micro-benchmarks (divan), the scale measurements, the compile-time cost,
+and a long schemathesis run against the example's OpenAPI document (`--only fuzz`).
 """
 
 import argparse
@@ -300,12 +302,61 @@ pub struct Output{n} {{
             f"Macro cost: **{per_tool_ms:.1f} ms per tool** (target ≤ 10 ms).")
 
 
+OPENAPI_TOOLS = ROOT / "tests" / "openapi-tools" / "requirements.txt"
+
+
+def openapi_venv():
+    """The virtualenv of openapi-spec-validator and schemathesis that .ci/run keeps
+    (`CARMY_OPENAPI_VENV`), made here when it is missing or its pins changed."""
+    venv = Path(os.environ.get("CARMY_OPENAPI_VENV", "/var/cache/carmy/openapi-venv"))
+    pinned = venv / "requirements.txt"
+    if not pinned.exists() or pinned.read_bytes() != OPENAPI_TOOLS.read_bytes():
+        shutil.rmtree(venv, ignore_errors=True)
+        run([sys.executable, "-m", "venv", str(venv)])
+        run([str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
+             "-r", str(OPENAPI_TOOLS)])
+        shutil.copy(OPENAPI_TOOLS, pinned)
+    return venv
+
+
+def fuzz(max_examples):
+    """The CI run of tests/integration/openapi.rs, longer: fresh seeds, `max_examples` per
+    operation, the stateful phase too, as an internal and as an anonymous caller. A failure is a
+    carmy bug; the run stops the script with schemathesis' report."""
+    schemathesis = str(openapi_venv() / "bin" / "schemathesis")
+    url = f"http://127.0.0.1:{PORT}/agent/openapi.json"
+    lines = []
+    for caller, headers in [("internal", ["-H", "Authorization: Bearer shop-internal-demo-token"]),
+                            ("anonymous", [])]:
+        server = Server("carmy")
+        try:
+            started = time.time()
+            # `generate_report` works at most 10 s: any valid call answers within 15 s.
+            output = subprocess.run(
+                [schemathesis, "--no-color", "run", url, "--checks", "all", "--max-examples",
+                 str(max_examples), "--request-timeout", "15", "--max-response-time", "15",
+                 "--generation-database", "none", *headers],
+                capture_output=True, text=True, cwd=tempfile.mkdtemp())
+        finally:
+            server.stop()
+        summary = re.search(r"(\d+) generated, .*", output.stdout)
+        seed = re.search(r"Seed: (\d+)", output.stdout)
+        if output.returncode != 0:
+            print(output.stdout, output.stderr, file=sys.stderr)
+            raise RuntimeError(f"schemathesis found failures as the {caller} caller")
+        lines.append(f"| {caller} | {summary.group(0) if summary else '?'} | "
+                     f"{time.time() - started:.0f} s | {seed.group(1) if seed else '?'} |")
+    return ("| caller | test cases | time | seed |\n|---|---|---|---|\n" + "\n".join(lines))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=3)
     parser.add_argument("--skip-build", action="store_true")
-    parser.add_argument("--only", choices=["http", "micro", "scale", "check"], action="append")
+    parser.add_argument("--only", choices=["http", "micro", "scale", "check", "fuzz"], action="append")
+    parser.add_argument("--fuzz-examples", type=int, default=300,
+                        help="schemathesis test cases per operation and phase (--only fuzz)")
     parser.add_argument("--scenario", action="append",
                         help="run only the HTTP scenarios whose name contains this (repeatable)")
     parser.add_argument("--servers", action="append",
@@ -313,7 +364,7 @@ def main():
     parser.add_argument("--compare", metavar="BIN",
                         help="another build of the example to measure beside today's")
     args = parser.parse_args()
-    parts = set(args.only or ["http", "micro", "scale", "check"])
+    parts = set(args.only or ["http", "micro", "scale", "check", "fuzz"])
     if not args.skip_build:
         build()
     out = [f"Machine: {os.cpu_count()} CPUs, {platform_line()}"]
@@ -326,6 +377,8 @@ def main():
         out.append("## Scale\n\n" + scale())
     if "check" in parts:
         out.append("## Compile-time cost\n\n" + check_cost())
+    if "fuzz" in parts:
+        out.append("## schemathesis against the OpenAPI document\n\n" + fuzz(args.fuzz_examples))
     print("\n\n".join(out))
 
 

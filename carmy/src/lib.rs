@@ -13,6 +13,7 @@ mod http;
 pub mod idempotency;
 #[cfg(feature = "mcp")]
 mod mcp;
+mod openapi;
 mod principal;
 pub mod protection;
 pub mod reload;

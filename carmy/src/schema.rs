@@ -1,11 +1,11 @@
 //! JSON Schemas derived from the tools' Rust types, made safe for model providers
 //! (`protocol.md` §2): self-contained, no `$schema` or root `title`, inputs closed to unknown
-//! properties.
+//! properties, 64-bit integers bounded.
 
 use schemars::Schema;
 use schemars::generate::SchemaSettings;
-use schemars::transform::{Transform, transform_subschemas};
-use serde_json::{Map, Value};
+use schemars::transform::{RecursiveTransform, Transform, transform_subschemas};
+use serde_json::{Map, Value, json};
 
 use crate::tool::{DescribeInput, DescribeOutput};
 
@@ -17,16 +17,18 @@ pub fn input_schema<T: DescribeInput>() -> Value {
         .into_generator()
         .into_root_schema_for::<T>();
     CloseObjects.transform(&mut schema);
+    RecursiveTransform(bound_integers).transform(&mut schema);
     finish(schema.to_value())
 }
 
 /// The output schema of `T`: what the tool serializes.
 #[doc(hidden)]
 pub fn output_schema<T: DescribeOutput>() -> Value {
-    let schema = settings()
+    let mut schema = settings()
         .for_serialize()
         .into_generator()
         .into_root_schema_for::<T>();
+    RecursiveTransform(bound_integers).transform(&mut schema);
     finish(schema.to_value())
 }
 
@@ -50,6 +52,22 @@ fn finish(mut schema: Value) -> Value {
         root.remove("title");
     }
     schema
+}
+
+/// Gives 64-bit integers the bounds of their type: schemars states only the bounds it can be
+/// sure of, so without them a value past `u64::MAX` would pass validation and fail
+/// deserialization, and a client (or a fuzzer) reading the schema would not know the limit.
+fn bound_integers(schema: &mut Schema) {
+    let Some(object) = schema.as_object_mut() else {
+        return;
+    };
+    let (minimum, maximum) = match object.get("format").and_then(Value::as_str) {
+        Some("uint64" | "uint") => (json!(0), json!(u64::MAX)),
+        Some("int64" | "int") => (json!(i64::MIN), json!(i64::MAX)),
+        _ => return,
+    };
+    object.entry("minimum").or_insert(minimum);
+    object.entry("maximum").or_insert(maximum);
 }
 
 /// Closes every object schema to unknown properties, unless the type set

@@ -14,7 +14,7 @@ use axum::http::Extensions;
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::error::Error;
-use crate::http::Documents;
+use crate::http::{Documents, Features};
 use crate::principal::TrustLevel;
 use crate::protection::Protection;
 use crate::runtime;
@@ -97,7 +97,11 @@ impl Base {
             }
         };
         runtime::check_record_ttl(&catalog, &self.runtime)?;
-        let documents = Documents::build(&self.name, &catalog, self.mcp);
+        let features = Features {
+            mcp: self.mcp,
+            bearer: protection.authenticator.is_some(),
+        };
+        let documents = Documents::build(&self.name, &catalog, features);
         Ok(Settings {
             protection,
             #[cfg(feature = "mcp")]

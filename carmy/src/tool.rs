@@ -285,7 +285,47 @@ impl<E: Into<ToolError>> ToolResultError for E {}
 /// Deserializes the (already validated) arguments into the tool's input type.
 #[doc(hidden)]
 pub fn input<T: DeserializeInput>(invocation: &Invocation) -> Result<T, ToolError> {
-    T::deserialize(&*invocation.arguments).map_err(|error| ToolError::undecodable_arguments(&error))
+    T::deserialize(&*invocation.arguments).or_else(|error| {
+        // JSON Schema counts `3.0` as an integer, so validation passed it, but serde refuses a
+        // float for an integer field: retry with whole-number floats written as integers.
+        let mut arguments = (*invocation.arguments).clone();
+        if !whole_floats_to_integers(&mut arguments) {
+            return Err(ToolError::undecodable_arguments(&error));
+        }
+        T::deserialize(&arguments).map_err(|_| ToolError::undecodable_arguments(&error))
+    })
+}
+
+/// Rewrites every whole-number float that fits an `i64` or a `u64` as that integer; true if
+/// any was.
+fn whole_floats_to_integers(value: &mut Value) -> bool {
+    /// 2^64 and -2^63, exact as floats: the ends of the integer range serde can hold.
+    const U64_END: f64 = 18_446_744_073_709_551_616.0;
+    const I64_START: f64 = -9_223_372_036_854_775_808.0;
+    match value {
+        Value::Number(number) => {
+            let Some(float) = number.as_f64().filter(|_| number.is_f64()) else {
+                return false;
+            };
+            if float.fract() != 0.0 || !(I64_START..U64_END).contains(&float) {
+                return false;
+            }
+            // In range and whole, so the casts are exact.
+            *value = if float >= 0.0 {
+                Value::from(float as u64)
+            } else {
+                Value::from(float as i64)
+            };
+            true
+        }
+        Value::Array(items) => items.iter_mut().fold(false, |changed, item| {
+            whole_floats_to_integers(item) | changed
+        }),
+        Value::Object(fields) => fields.values_mut().fold(false, |changed, field| {
+            whole_floats_to_integers(field) | changed
+        }),
+        _ => false,
+    }
 }
 
 /// Converts the tool's error, whatever its type, into a [`ToolError`].

@@ -36,6 +36,28 @@ pub(crate) mod codes {
     pub(crate) const ORIGIN_NOT_ALLOWED: &str = "ORIGIN_NOT_ALLOWED";
 }
 
+/// carmy/1's paths, shared by the routes and the OpenAPI document that describes them.
+pub(crate) mod paths {
+    pub(crate) const DISCOVERY: &str = "/.well-known/agent";
+    pub(crate) const CATALOG: &str = "/agent/tools";
+    /// `POST /agent/tools/{name}`: one tool, its arguments as the body.
+    pub(crate) const TOOL: &str = "/agent/tools/{name}";
+    pub(crate) const EXECUTE: &str = "/agent/execute";
+    pub(crate) const OPENAPI: &str = "/agent/openapi.json";
+    pub(crate) const HEALTH: &str = "/agent/health";
+    pub(crate) const LIVE: &str = "/agent/health/live";
+    pub(crate) const READY: &str = "/agent/health/ready";
+    /// `POST`: reload `carmy.toml` now (`internal` callers and `manage:config` only).
+    pub(crate) const ADMIN_RELOAD: &str = "/agent/admin/reload";
+    /// Where MCP is served, when it is.
+    pub(crate) const MCP: &str = "/mcp";
+
+    /// The path of the tool called `name`.
+    pub(crate) fn tool(name: &str) -> String {
+        TOOL.replace("{name}", name)
+    }
+}
+
 /// carmy/1's own headers.
 pub(crate) static CARMY_VERSION: HeaderName = HeaderName::from_static("carmy-version");
 pub(crate) static CARMY_REPLAYED: HeaderName = HeaderName::from_static("carmy-replayed");

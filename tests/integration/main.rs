@@ -17,6 +17,7 @@ mod idempotency;
 mod mcp;
 mod mcp_clients;
 mod memory_bound;
+mod openapi;
 mod protection;
 mod recording;
 mod redis_persistence;

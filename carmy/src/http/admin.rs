@@ -16,15 +16,14 @@ use serde_json::json;
 use crate::principal::{Principal, TrustLevel};
 use crate::reload::{ReloadError, Reloaded, Reloader, Trigger};
 use crate::tool_error::ToolError;
-use crate::wire::{JSON, NO_STORE, codes};
+use crate::wire::{JSON, NO_STORE, codes, paths};
 
-pub(crate) const RELOAD_PATH: &str = "/agent/admin/reload";
 /// The permission that opens the route to a caller below `internal`.
 const MANAGE_CONFIG: &str = "manage:config";
 
 pub(crate) fn router(reloader: Arc<Reloader>) -> Router {
     Router::new()
-        .route(RELOAD_PATH, post(reload))
+        .route(paths::ADMIN_RELOAD, post(reload))
         .with_state(reloader)
 }
 

@@ -1,6 +1,6 @@
-//! `GET /.well-known/agent` and `GET /agent/tools` (`protocol.md` §1–3): serialized once per
-//! configuration snapshot (at start and on each reload), served from memory with a strong ETag
-//! and conditional GET.
+//! `GET /.well-known/agent`, `GET /agent/tools` and `GET /agent/openapi.json` (`protocol.md`
+//! §1–3, §11): serialized once per configuration snapshot (at start and on each reload),
+//! served from memory with a strong ETag and conditional GET.
 
 use axum::extract::{Request, State};
 use axum::http::Extensions;
@@ -14,40 +14,44 @@ use sha2::{Digest, Sha256};
 
 use crate::auth::hex;
 use crate::catalog::Catalog;
+use crate::openapi;
 use crate::principal::{Principal, TrustLevel};
 use crate::settings::{Current, Settings};
 use crate::tool::{Confirmation, Effect};
-use crate::wire::JSON;
+use crate::wire::{JSON, paths};
 
-pub(crate) const DISCOVERY_PATH: &str = "/.well-known/agent";
-pub(crate) const CATALOG_PATH: &str = "/agent/tools";
-pub(crate) const EXECUTE_PATH: &str = "/agent/execute";
 const PROTOCOL: &str = "carmy/1";
-const CAPABILITIES: &[&str] = &["tools", "streaming", "idempotency", "health"];
-const CAPABILITIES_WITH_MCP: &[&str] = &["tools", "streaming", "idempotency", "mcp", "health"];
-/// Where MCP is served, when it is.
-pub(crate) const MCP_PATH: &str = "/mcp";
+const CAPABILITIES: &[&str] = &["tools", "streaming", "idempotency", "health", "openapi"];
+const CAPABILITIES_WITH_MCP: &[&str] = &[
+    "tools",
+    "streaming",
+    "idempotency",
+    "mcp",
+    "health",
+    "openapi",
+];
 
 static CACHE_CONTROL_VALUE: HeaderValue = HeaderValue::from_static("private, max-age=60");
 
-/// The two discovery documents of every trust level, serialized: each level sees only the
-/// tools it may call, with its own ETag and `tools_version`.
+/// The discovery documents of every trust level, serialized: each level sees only the tools it
+/// may call, with its own ETag and `tools_version`.
 #[derive(Debug)]
 pub(crate) struct Documents {
     /// Indexed by [`TrustLevel::index`].
     levels: [LevelDocuments; 4],
 }
 
-/// The discovery document and the catalog one trust level sees.
+/// The discovery document, the catalog and the OpenAPI document one trust level sees.
 #[derive(Debug)]
-struct LevelDocuments {
+pub(super) struct LevelDocuments {
     discovery: Document,
     catalog: Document,
+    pub(super) openapi: Document,
 }
 
 /// One serialized document with its validator.
 #[derive(Debug)]
-struct Document {
+pub(super) struct Document {
     body: Bytes,
     /// The quoted hex SHA-256 of `body`.
     etag: HeaderValue,
@@ -64,6 +68,7 @@ struct DiscoveryBody<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     mcp_url: Option<&'static str>,
     health_url: &'static str,
+    openapi_url: &'static str,
 }
 
 #[derive(Serialize)]
@@ -85,10 +90,20 @@ struct CatalogEntry<'a> {
     timeout_ms: Option<u128>,
 }
 
+/// What the documents describe besides the catalog.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Features {
+    /// MCP is served.
+    pub(crate) mcp: bool,
+    /// An authenticator checks bearer credentials.
+    pub(crate) bearer: bool,
+}
+
 impl Documents {
-    pub(crate) fn build(name: &str, catalog: &Catalog, mcp: bool) -> Self {
+    pub(crate) fn build(name: &str, catalog: &Catalog, features: Features) -> Self {
         Documents {
-            levels: TrustLevel::ALL.map(|trust| LevelDocuments::build(name, catalog, mcp, trust)),
+            levels: TrustLevel::ALL
+                .map(|trust| LevelDocuments::build(name, catalog, features, trust)),
         }
     }
 
@@ -98,7 +113,7 @@ impl Documents {
     }
 
     /// The documents the caller of `request` sees (anonymous when nobody attached a caller).
-    fn for_caller(&self, request: &Extensions) -> &LevelDocuments {
+    pub(super) fn for_caller(&self, request: &Extensions) -> &LevelDocuments {
         let trust = request
             .get::<Principal>()
             .map_or(TrustLevel::Anonymous, Principal::trust);
@@ -107,7 +122,8 @@ impl Documents {
 }
 
 impl LevelDocuments {
-    fn build(name: &str, catalog: &Catalog, mcp: bool, trust: TrustLevel) -> Self {
+    fn build(name: &str, catalog: &Catalog, features: Features, trust: TrustLevel) -> Self {
+        let Features { mcp, bearer } = features;
         let tools = catalog
             .visible_to(trust)
             .map(|tool| CatalogEntry {
@@ -122,7 +138,7 @@ impl LevelDocuments {
                 timeout_ms: tool.timeout.map(|timeout| timeout.as_millis()),
             })
             .collect();
-        let catalog = Document::new(&CatalogBody { tools });
+        let catalog_document = Document::new(&CatalogBody { tools });
         let discovery = Document::new(&DiscoveryBody {
             protocol: PROTOCOL,
             server: name,
@@ -131,13 +147,28 @@ impl LevelDocuments {
             } else {
                 CAPABILITIES
             },
-            tools_url: CATALOG_PATH,
-            tools_version: catalog.hash(),
-            execute_url: EXECUTE_PATH,
-            mcp_url: mcp.then_some(MCP_PATH),
-            health_url: super::health::HEALTH_PATH,
+            tools_url: paths::CATALOG,
+            tools_version: catalog_document.hash(),
+            execute_url: paths::EXECUTE,
+            mcp_url: mcp.then_some(paths::MCP),
+            health_url: paths::HEALTH,
+            openapi_url: paths::OPENAPI,
         });
-        LevelDocuments { discovery, catalog }
+        let openapi = Document::new(&openapi::document(
+            catalog,
+            &openapi::Scope {
+                server: name,
+                tools_version: catalog_document.hash(),
+                trust,
+                bearer,
+                mcp,
+            },
+        ));
+        LevelDocuments {
+            discovery,
+            catalog: catalog_document,
+            openapi,
+        }
     }
 }
 
@@ -159,7 +190,7 @@ impl Document {
     }
 
     /// `200` with the body, or `304` when the client's `If-None-Match` matches.
-    fn respond(&self, request: &HeaderMap) -> Response {
+    pub(super) fn respond(&self, request: &HeaderMap) -> Response {
         let headers = [
             (ETAG, self.etag.clone()),
             (CACHE_CONTROL, CACHE_CONTROL_VALUE.clone()),

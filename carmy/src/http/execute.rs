@@ -8,11 +8,14 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::{ACCEPT, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use futures_util::Stream;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -46,8 +49,13 @@ struct ExecuteBody {
     tool: String,
     #[serde(default = "empty_object")]
     arguments: Value,
-    #[serde(default)]
+    /// Absent, or a string: `null` is refused like any other non-string (`protocol.md` §4).
+    #[serde(default, deserialize_with = "present")]
     request_id: Option<String>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    String::deserialize(deserializer).map(Some)
 }
 
 fn empty_object() -> Value {
@@ -56,21 +64,35 @@ fn empty_object() -> Value {
 
 pub(crate) async fn execute(State(state): State<ExecuteState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    // Attached by the protection gate, which every route sits behind.
-    let principal = parts
-        .extensions
-        .get::<Principal>()
-        .cloned()
-        .unwrap_or_default();
-    let catalog = Arc::clone(&Settings::of(&parts.extensions, &state.current).catalog);
-    let call = match read_call(&parts.headers, body, principal, catalog).await {
+    let catalog = catalog_of(&parts, &state.current);
+    let call = match read_call(&parts.headers, body, caller(&parts), catalog).await {
         Ok(call) => call,
         Err(error) => return error.into_response(),
     };
+    answer(state, &parts.headers, call).await
+}
+
+/// The caller, attached by the protection gate, which every route sits behind.
+pub(super) fn caller(parts: &Parts) -> Principal {
+    parts
+        .extensions
+        .get::<Principal>()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The catalog of the configuration snapshot the gate attached to the request.
+pub(super) fn catalog_of(parts: &Parts, current: &Current) -> Arc<Catalog> {
+    Arc::clone(&Settings::of(&parts.extensions, current).catalog)
+}
+
+/// Runs a parsed call and answers with JSON or, when the client accepts them, Server-Sent
+/// Events: every route that executes answers through here.
+pub(super) async fn answer(state: ExecuteState, headers: &HeaderMap, call: Call) -> Response {
     // Cancels the execution if this future or the stream is dropped: the client went away.
     let cancel = CancellationToken::new();
     let guard = cancel.clone().drop_guard();
-    if wants_event_stream(&parts.headers) {
+    if wants_event_stream(headers) {
         return stream(state, call, cancel, guard);
     }
     let outcome = state.runtime.execute(call, cancel, None).await;
@@ -85,40 +107,9 @@ async fn read_call(
     principal: Principal,
     catalog: Arc<Catalog>,
 ) -> Result<Call, ToolError> {
-    let is_json = headers
-        .get(CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
-    if !is_json {
-        return Err(ToolError::invalid_request(
-            "the content type must be application/json",
-        ));
-    }
-    let declared_length = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<u64>().ok());
-    if declared_length.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
-        return Err(payload_too_large());
-    }
-    let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => return Err(payload_too_large()),
-        Err(error) if super::body_timed_out(&*error) => return Err(super::body_timeout()),
-        Err(error) => {
-            return Err(ToolError::invalid_request(format!(
-                "the request body could not be read: {error}"
-            )));
-        }
-    };
-    let body: ExecuteBody = serde_json::from_slice(&bytes).map_err(|error| {
-        // serde's messages quote what they refuse (an unknown field, a wrong value): clipped.
-        ToolError::invalid_request(format!(
-            "invalid request body: {}",
-            clip(&error.to_string())
-        ))
-    })?;
+    require_json(headers)?;
+    let bytes = read_body(headers, body).await?;
+    let body: ExecuteBody = parse_body(&bytes)?;
     let header_key = idempotency_key(headers)?;
     let request_id = match (body.request_id, header_key) {
         (Some(body_id), Some(header_id)) if body_id != header_id => {
@@ -140,8 +131,54 @@ async fn read_call(
     })
 }
 
+/// A body that is not JSON is refused before it is read.
+pub(super) fn require_json(headers: &HeaderMap) -> Result<(), ToolError> {
+    let is_json = headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+    if is_json {
+        Ok(())
+    } else {
+        Err(ToolError::invalid_request(
+            "the content type must be application/json",
+        ))
+    }
+}
+
+/// Reads at most [`MAX_BODY_BYTES`] within the body deadline.
+pub(super) async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ToolError> {
+    let declared_length = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared_length.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+        return Err(payload_too_large());
+    }
+    match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => Err(payload_too_large()),
+        Err(error) if super::body_timed_out(&*error) => Err(super::body_timeout()),
+        Err(error) => Err(ToolError::invalid_request(format!(
+            "the request body could not be read: {error}"
+        ))),
+    }
+}
+
+/// Parses a JSON body; serde's messages quote what they refuse (an unknown field, a wrong
+/// value), so they are clipped.
+pub(super) fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ToolError> {
+    serde_json::from_slice(bytes).map_err(|error| {
+        ToolError::invalid_request(format!(
+            "invalid request body: {}",
+            clip(&error.to_string())
+        ))
+    })
+}
+
 /// The `Idempotency-Key` header: several that differ are refused, never "first wins".
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ToolError> {
+pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ToolError> {
     let mut key: Option<&str> = None;
     for value in headers.get_all(&IDEMPOTENCY_KEY) {
         let value = value.to_str().map_err(|_| {

@@ -13,10 +13,7 @@ use serde::Serialize;
 
 use crate::context::{Principal, TrustLevel};
 use crate::health::{CheckStatus, Health};
-
-pub(crate) const HEALTH_PATH: &str = "/agent/health";
-const LIVE_PATH: &str = "/agent/health/live";
-const READY_PATH: &str = "/agent/health/ready";
+use crate::wire::paths;
 
 static HEALTH_JSON: HeaderValue = HeaderValue::from_static("application/health+json");
 static TEXT: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
@@ -25,14 +22,14 @@ static NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
 
 /// Whether `path` is a probe: probes spend no rate-limit budget.
 pub(crate) fn is_probe(path: &str) -> bool {
-    matches!(path, HEALTH_PATH | LIVE_PATH | READY_PATH)
+    matches!(path, paths::HEALTH | paths::LIVE | paths::READY)
 }
 
 pub(crate) fn router(health: Health) -> Router {
     Router::new()
-        .route(HEALTH_PATH, get(report))
-        .route(LIVE_PATH, get(live))
-        .route(READY_PATH, get(ready))
+        .route(paths::HEALTH, get(report))
+        .route(paths::LIVE, get(live))
+        .route(paths::READY, get(ready))
         .with_state(health)
 }
 

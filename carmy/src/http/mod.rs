@@ -6,6 +6,7 @@ mod documents;
 pub(crate) mod error;
 mod execute;
 mod health;
+mod openapi;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,11 +18,9 @@ use crate::reload::Reloader;
 use crate::runtime::Runtime;
 use crate::settings::Current;
 use crate::tool_error::{Category, ToolError};
-use crate::wire::codes;
+use crate::wire::{codes, paths};
 
-pub(crate) use documents::Documents;
-#[cfg(feature = "mcp")]
-pub(crate) use documents::MCP_PATH;
+pub(crate) use documents::{Documents, Features};
 pub(crate) use health::is_probe;
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
@@ -55,11 +54,13 @@ pub(crate) fn router(
 ) -> Router {
     let health = health::router(runtime.health().clone());
     let documents = Router::new()
-        .route(documents::DISCOVERY_PATH, get(documents::discovery))
-        .route(documents::CATALOG_PATH, get(documents::catalog))
+        .route(paths::DISCOVERY, get(documents::discovery))
+        .route(paths::CATALOG, get(documents::catalog))
+        .route(paths::OPENAPI, get(openapi::document))
         .with_state(Arc::clone(current));
     let execute = Router::new()
-        .route(documents::EXECUTE_PATH, post(execute::execute))
+        .route(paths::EXECUTE, post(execute::execute))
+        .route(paths::TOOL, post(openapi::call_tool))
         .with_state(execute::ExecuteState {
             runtime,
             current: Arc::clone(current),

@@ -29,11 +29,11 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::http::MCP_PATH;
 use crate::http::error::{retry_after_header, status_of};
 use crate::principal::Principal;
 use crate::settings::Settings;
 use crate::tool_error::ToolError;
+use crate::wire::paths;
 use crate::wire::{BEARER_CHALLENGE, JSON, NO_STORE, codes};
 
 pub(crate) use handler::McpHandler;
@@ -71,7 +71,7 @@ pub(crate) fn router(
         config,
     );
     Router::new()
-        .route_service(MCP_PATH, service)
+        .route_service(paths::MCP, service)
         .route_layer(middleware::from_fn(admit))
 }
 

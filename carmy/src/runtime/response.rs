@@ -43,8 +43,12 @@ pub(crate) struct NextAction<'a> {
 /// and an error body stays small.
 const MAX_ECHOED_ARGUMENTS: usize = 8 * 1024;
 
-/// `arguments`, when small enough to repeat.
+/// `arguments`, when they are an arguments object (a suggestion is a call to make, and the
+/// confirmation gate runs before the arguments are validated) small enough to repeat.
 fn echoed(arguments: &Value) -> Option<&Value> {
+    if !arguments.is_object() {
+        return None;
+    }
     /// Counts bytes instead of keeping them.
     struct Counter(usize);
     impl std::io::Write for Counter {

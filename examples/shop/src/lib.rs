@@ -237,8 +237,8 @@ pub async fn cancel_order(State(shop): State<Shop>, input: OrderRef) -> Result<O
 /// How long the report takes.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct ReportRequest {
-    /// Seconds of work.
-    #[schemars(range(max = 600))]
+    /// Seconds of work, at most 10: any valid call answers well within 15 s.
+    #[schemars(range(max = 10))]
     pub seconds: u64,
 }
 

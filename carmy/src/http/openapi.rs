@@ -1,0 +1,53 @@
+//! `GET /agent/openapi.json` and `POST /agent/tools/{name}` (`protocol.md` §11): the OpenAPI
+//! document the caller's trust level sees, served like the catalog, and one route per tool
+//! that answers exactly as `/agent/execute` does.
+
+use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::execute::{self, ExecuteState};
+use crate::runtime::{self, Call};
+use crate::settings::{Current, Settings};
+use crate::tool_error::ToolError;
+
+pub(crate) async fn document(State(current): State<Current>, request: Request) -> Response {
+    Settings::of(request.extensions(), &current)
+        .documents
+        .for_caller(request.extensions())
+        .openapi
+        .respond(request.headers())
+}
+
+/// The tool named in the path, called with the body as its arguments (`{}` when the body is
+/// empty) and the `Idempotency-Key` header as its request id; then the execute pipeline.
+pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Request) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let call = async {
+        let Path(tool) = Path::<String>::from_request_parts(&mut parts, &())
+            .await
+            .map_err(|_| ToolError::invalid_request("the tool name in the path is not valid"))?;
+        let bytes = execute::read_body(&parts.headers, body).await?;
+        let arguments: Value = if bytes.is_empty() {
+            json!({})
+        } else {
+            execute::require_json(&parts.headers)?;
+            execute::parse_body(&bytes)?
+        };
+        let request_id = execute::idempotency_key(&parts.headers)?;
+        if let Some(request_id) = &request_id {
+            runtime::check_request_id(request_id)?;
+        }
+        Ok::<_, ToolError>(Call {
+            tool,
+            arguments,
+            request_id,
+            principal: execute::caller(&parts),
+            catalog: execute::catalog_of(&parts, &state.current),
+        })
+    };
+    match call.await {
+        Ok(call) => execute::answer(state, &parts.headers, call).await,
+        Err(error) => error.into_response(),
+    }
+}

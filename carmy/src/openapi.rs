@@ -1,0 +1,908 @@
+//! The OpenAPI 3.1 document of one trust level (`protocol.md` §11), generated from the catalog
+//! and the schemas the tools' types already derive: no second schema source. It describes
+//! carmy/1 precisely enough for a fuzzer: every status carmy can answer, with its body.
+//!
+//! The document is a list of path groups; an endpoint group adds one function to
+//! [`PATH_GROUPS`]. Serving it (ETag, `304`) is the HTTP adapter's business.
+
+use serde_json::{Map, Value, json};
+
+use crate::catalog::{Catalog, CatalogTool};
+use crate::principal::TrustLevel;
+use crate::wire::paths;
+
+const OPENAPI_VERSION: &str = "3.1.0";
+
+/// What the document of one trust level describes besides the catalog.
+pub(crate) struct Scope<'a> {
+    /// The application's name: the document's title.
+    pub(crate) server: &'a str,
+    /// The catalog's content hash at this level: the document's version.
+    pub(crate) tools_version: &'a str,
+    pub(crate) trust: TrustLevel,
+    /// An authenticator is configured: bearer authentication is declared, as optional.
+    pub(crate) bearer: bool,
+    /// MCP is served; discovery announces it.
+    pub(crate) mcp: bool,
+}
+
+/// The document under construction: what a path group reads and adds to.
+struct Builder<'a> {
+    scope: &'a Scope<'a>,
+    catalog: &'a Catalog,
+    paths: Map<String, Value>,
+    /// `components.schemas`: the shared shapes, and the definitions of recursive tool types.
+    schemas: Map<String, Value>,
+}
+
+/// Adds the operations of one endpoint group.
+type PathGroup = fn(&mut Builder<'_>);
+
+/// The endpoint groups, in document order. A management group checks `scope.trust` and adds
+/// nothing below `internal`.
+const PATH_GROUPS: &[PathGroup] = &[
+    discovery_paths,
+    catalog_paths,
+    openapi_paths,
+    execute_paths,
+    tool_paths,
+    health_paths,
+    admin_paths,
+];
+
+/// The OpenAPI document a caller trusted at `scope.trust` sees: only the tools it may call.
+pub(crate) fn document(catalog: &Catalog, scope: &Scope<'_>) -> Value {
+    let mut builder = Builder {
+        scope,
+        catalog,
+        paths: Map::new(),
+        schemas: common_schemas(),
+    };
+    for group in PATH_GROUPS {
+        group(&mut builder);
+    }
+    let Builder { paths, schemas, .. } = builder;
+    let mut components = json!({
+        "schemas": schemas,
+        "responses": error_responses(),
+        "headers": common_headers(),
+        "parameters": common_parameters(),
+    });
+    let mut document = json!({
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": scope.server,
+            "version": scope.tools_version,
+            "description": format!(
+                "The carmy/1 API of `{}` as a caller trusted at `{}` sees it: one operation \
+                 per tool (`POST /agent/tools/{{name}}`) besides the protocol's own endpoints.",
+                scope.server,
+                scope.trust.as_str()
+            ),
+        },
+        "paths": paths,
+        "webhooks": webhooks(),
+    });
+    if scope.bearer {
+        components["securitySchemes"] = json!({ "bearer": { "type": "http", "scheme": "bearer" } });
+        // Optional: an anonymous caller is served too, with what anonymous callers may see.
+        document["security"] = json!([{}, { "bearer": [] }]);
+    }
+    document["components"] = components;
+    document
+}
+
+// Path groups
+
+fn discovery_paths(builder: &mut Builder<'_>) {
+    let scope = builder.scope;
+    let mut required = vec![
+        "protocol",
+        "server",
+        "capabilities",
+        "tools_url",
+        "tools_version",
+        "execute_url",
+        "health_url",
+        "openapi_url",
+    ];
+    let mut properties = json!({
+        "protocol": { "const": "carmy/1" },
+        "server": { "type": "string" },
+        "capabilities": { "type": "array", "items": { "type": "string" } },
+        "tools_url": { "const": paths::CATALOG },
+        "tools_version": { "$ref": "#/components/schemas/ContentHash" },
+        "execute_url": { "const": paths::EXECUTE },
+        "health_url": { "const": paths::HEALTH },
+        "openapi_url": { "const": paths::OPENAPI },
+    });
+    if scope.mcp {
+        required.push("mcp_url");
+        properties["mcp_url"] = json!({ "const": paths::MCP });
+    }
+    let schema = json!({ "type": "object", "required": required, "properties": properties });
+    builder.paths.insert(
+        paths::DISCOVERY.to_owned(),
+        document_operation(
+            scope,
+            "discovery",
+            "The discovery document: what this server serves, and where.",
+            &schema,
+        ),
+    );
+}
+
+fn catalog_paths(builder: &mut Builder<'_>) {
+    let schema = json!({
+        "type": "object",
+        "required": ["tools"],
+        "properties": {
+            "tools": { "type": "array", "items": { "$ref": "#/components/schemas/CatalogEntry" } },
+        },
+    });
+    builder.paths.insert(
+        paths::CATALOG.to_owned(),
+        document_operation(
+            builder.scope,
+            "catalog",
+            "The tools the caller may call, with their schemas, sorted by name.",
+            &schema,
+        ),
+    );
+}
+
+fn openapi_paths(builder: &mut Builder<'_>) {
+    let schema = json!({
+        "type": "object",
+        "required": ["openapi", "info", "paths"],
+        "properties": { "openapi": { "const": OPENAPI_VERSION } },
+    });
+    builder.paths.insert(
+        paths::OPENAPI.to_owned(),
+        document_operation(
+            builder.scope,
+            "openapi",
+            "This OpenAPI document, as the caller's trust level sees it.",
+            &schema,
+        ),
+    );
+}
+
+/// `POST /agent/execute`. Its `Idempotency-Key` header is left undocumented here: it must
+/// equal the body's `request_id` when both are sent, which no schema can say; the per-tool
+/// operations take it.
+fn execute_paths(builder: &mut Builder<'_>) {
+    let tools: Vec<&CatalogTool> = builder.catalog.visible_to(builder.scope.trust).collect();
+    let branches: Vec<Value> = tools
+        .iter()
+        .map(|tool| {
+            let arguments = builder.embed(&tool.input_schema, tool.descriptor.name, "input");
+            let mut required = vec!["tool"];
+            if !accepts_empty(tool) {
+                required.push("arguments");
+            }
+            json!({
+                "type": "object",
+                "required": required,
+                "properties": {
+                    "tool": { "const": tool.descriptor.name },
+                    "arguments": arguments,
+                    "request_id": { "$ref": "#/components/schemas/RequestId" },
+                },
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    // With no tool to call, any name is answered `404 TOOL_NOT_FOUND`.
+    let request = if branches.is_empty() {
+        json!({
+            "type": "object",
+            "required": ["tool"],
+            "properties": {
+                "tool": { "type": "string" },
+                "arguments": { "type": "object" },
+                "request_id": { "$ref": "#/components/schemas/RequestId" },
+            },
+            "additionalProperties": false,
+        })
+    } else {
+        json!({ "oneOf": branches })
+    };
+    let mut responses =
+        execution_responses(&json!({ "$ref": "#/components/schemas/ExecutionResponse" }));
+    add_errors(&mut responses, builder.scope, EXECUTION_ERRORS);
+    let operation = json!({
+        "operationId": "execute",
+        "summary": "Run a tool by name.",
+        "description": "Answers JSON, or Server-Sent Events with `Accept: text/event-stream`. \
+                        A repeated `request_id` replays the recorded answer with \
+                        `Carmy-Replayed: true`. The `Idempotency-Key` header is accepted as the \
+                        same thing; when both are sent they must be equal.",
+        "tags": ["carmy"],
+        "requestBody": {
+            "required": true,
+            "content": { "application/json": { "schema": request } },
+        },
+        "responses": responses,
+    });
+    builder
+        .paths
+        .insert(paths::EXECUTE.to_owned(), json!({ "post": operation }));
+}
+
+/// One operation per tool the caller may see: `POST /agent/tools/{name}` with the arguments
+/// object as the body, answered exactly as `/agent/execute` answers.
+fn tool_paths(builder: &mut Builder<'_>) {
+    let tools: Vec<&CatalogTool> = builder.catalog.visible_to(builder.scope.trust).collect();
+    for tool in tools {
+        let descriptor = tool.descriptor;
+        let name = descriptor.name;
+        let input = builder.embed(&tool.input_schema, name, "input");
+        let output = builder.embed(&tool.output_schema, name, "output");
+        let execution = json!({
+            "allOf": [
+                { "$ref": "#/components/schemas/ExecutionResponse" },
+                { "properties": { "data": output } },
+            ],
+        });
+        let mut responses = execution_responses(&execution);
+        add_errors(&mut responses, builder.scope, EXECUTION_ERRORS);
+        let summary = tool.description.lines().next().unwrap_or_default();
+        let mut operation = json!({
+            "operationId": name,
+            "summary": summary,
+            "description": tool.description,
+            "tags": ["tools"],
+            "parameters": [{ "$ref": "#/components/parameters/IdempotencyKey" }],
+            "requestBody": {
+                // An empty body is `{}`: the body is required exactly when `{}` is refused.
+                "required": !accepts_empty(tool),
+                "content": { "application/json": { "schema": input } },
+            },
+            "responses": responses,
+            "x-carmy-effect": descriptor.effect.as_str(),
+            "x-carmy-idempotent": descriptor.idempotent,
+            "x-carmy-parallel-safe": descriptor.parallel_safe,
+            "x-carmy-confirmation": descriptor.confirmation.as_str(),
+        });
+        if let Some(timeout) = descriptor.timeout {
+            operation["x-carmy-timeout-ms"] = json!(timeout.as_millis());
+        }
+        builder
+            .paths
+            .insert(paths::tool(name), json!({ "post": operation }));
+    }
+}
+
+fn health_paths(builder: &mut Builder<'_>) {
+    let scope = builder.scope;
+    let report = json!({
+        "description": "The health report; `503` while the service is degraded.",
+        "headers": { "Cache-Control": { "$ref": "#/components/headers/NoStore" } },
+        "content": { "application/health+json": {
+            "schema": { "$ref": "#/components/schemas/HealthReport" },
+        } },
+    });
+    let mut responses = json!({ "200": report, "503": report });
+    add_errors(&mut responses, scope, PROBE_ERRORS);
+    builder.paths.insert(
+        paths::HEALTH.to_owned(),
+        json!({ "get": {
+            "operationId": "health",
+            "summary": "The service's health: its state machine and component checks.",
+            "tags": ["carmy"],
+            "responses": responses,
+        } }),
+    );
+
+    let text = |description: &str| {
+        json!({
+            "description": description,
+            "headers": { "Cache-Control": { "$ref": "#/components/headers/NoStore" } },
+            "content": { "text/plain": { "schema": { "type": "string" } } },
+        })
+    };
+    let mut responses = json!({ "200": text("The process serves.") });
+    add_errors(&mut responses, scope, PROBE_ERRORS);
+    builder.paths.insert(
+        paths::LIVE.to_owned(),
+        json!({ "get": {
+            "operationId": "health_live",
+            "summary": "Liveness: answers while the process serves.",
+            "tags": ["carmy"],
+            "responses": responses,
+        } }),
+    );
+
+    let mut responses = json!({
+        "200": text("Ready for traffic: `ok`, or one line per check with `verbose`."),
+        "503": text("Not ready: shutting down, degraded, or a required check fails."),
+    });
+    add_errors(&mut responses, scope, PROBE_ERRORS);
+    builder.paths.insert(
+        paths::READY.to_owned(),
+        json!({ "get": {
+            "operationId": "health_ready",
+            "summary": "Readiness: whether the service should receive traffic.",
+            "tags": ["carmy"],
+            "parameters": [{
+                "name": "verbose",
+                "in": "query",
+                "description": "List each check as `[+]name ok` or `[-]name failed`.",
+                "allowEmptyValue": true,
+                "schema": { "type": "string" },
+            }],
+            "responses": responses,
+        } }),
+    );
+}
+
+/// `POST /agent/admin/reload`, for `internal` callers (and holders of `manage:config`, who are
+/// served the document of their trust level and so do not see it).
+fn admin_paths(builder: &mut Builder<'_>) {
+    let scope = builder.scope;
+    if scope.trust != TrustLevel::Internal {
+        return;
+    }
+    let mut responses = json!({ "200": {
+        "description": "The file was read: applied, or unchanged (a no-op).",
+        "headers": { "Cache-Control": { "$ref": "#/components/headers/NoStore" } },
+        "content": { "application/json": { "schema": {
+            "type": "object",
+            "required": ["result", "tools_changed"],
+            "properties": {
+                "result": { "enum": ["applied", "unchanged"] },
+                "tools_changed": { "type": "boolean" },
+            },
+        } } },
+    } });
+    add_errors(&mut responses, scope, ADMIN_ERRORS);
+    builder.paths.insert(
+        paths::ADMIN_RELOAD.to_owned(),
+        json!({ "post": {
+            "operationId": "admin_reload",
+            "summary": "Reload `carmy.toml` now; a file that fails is refused whole (`409`).",
+            "tags": ["carmy"],
+            "responses": responses,
+        } }),
+    );
+}
+
+// Operations and responses
+
+/// A document served from memory: `200` with a strong `ETag`, `304` for a matching
+/// `If-None-Match`. `HEAD` answers the same without a body.
+fn document_operation(scope: &Scope<'_>, id: &str, summary: &str, schema: &Value) -> Value {
+    let headers = json!({
+        "ETag": { "$ref": "#/components/headers/ETag" },
+        "Cache-Control": { "$ref": "#/components/headers/DocumentCacheControl" },
+    });
+    let mut responses = json!({
+        "200": {
+            "description": "The document.",
+            "headers": headers,
+            "content": { "application/json": { "schema": schema } },
+        },
+        "304": { "description": "The client's copy is current.", "headers": headers },
+    });
+    add_errors(&mut responses, scope, DOCUMENT_ERRORS);
+    json!({ "get": {
+        "operationId": id,
+        "summary": summary,
+        "tags": ["carmy"],
+        "parameters": [{ "$ref": "#/components/parameters/IfNoneMatch" }],
+        "responses": responses,
+    } })
+}
+
+/// The `200` of an execution: JSON (`success`), or the event stream when asked for.
+fn execution_responses(success: &Value) -> Value {
+    json!({
+        "200": {
+            "description": "The tool completed. With `Accept: text/event-stream`: \
+                            `execution.started`, `tool.progress`…, then `execution.completed` \
+                            carrying this body plus `replayed` (a failure is then also a `200` \
+                            stream whose last event carries the error).",
+            "headers": {
+                "Cache-Control": { "$ref": "#/components/headers/NoStore" },
+                "Carmy-Replayed": { "$ref": "#/components/headers/CarmyReplayed" },
+            },
+            "content": {
+                "application/json": { "schema": success },
+                "text/event-stream": { "schema": { "type": "string" } },
+            },
+        },
+    })
+}
+
+/// Every status an error can be answered with, and when. Statuses outside a group's list
+/// cannot come from that group's routes.
+const ERROR_STATUSES: &[(u16, &str)] = &[
+    (
+        400,
+        "The request or its arguments are invalid (`INVALID_REQUEST`, `INVALID_ARGUMENTS`).",
+    ),
+    (401, "The credentials are not valid (`UNAUTHENTICATED`)."),
+    (
+        403,
+        "The caller may not run this call (`PERMISSION_DENIED`, `CONFIRMATION_REQUIRED`).",
+    ),
+    (
+        404,
+        "No such tool, or one the caller may not see (`TOOL_NOT_FOUND`), or what the call names does not exist.",
+    ),
+    (
+        406,
+        "The `Carmy-Version` the client asks for is not served (`UNSUPPORTED_VERSION`).",
+    ),
+    (
+        408,
+        "The execution was cancelled, or the body did not arrive in time (`CANCELLED`, `REQUEST_TIMEOUT`).",
+    ),
+    (
+        409,
+        "The call clashes with recorded state (`IDEMPOTENCY_CONFLICT`, `EXECUTION_UNCERTAIN`, a tool's conflict).",
+    ),
+    (413, "The body is larger than 1 MiB (`PAYLOAD_TOO_LARGE`)."),
+    (
+        429,
+        "The caller's rate limit is spent (`RATE_LIMITED`); `Retry-After` says when to retry.",
+    ),
+    (
+        500,
+        "The tool or the server failed (`TOOL_PANIC`, `INVALID_OUTPUT`, `INTERNAL`).",
+    ),
+    (
+        503,
+        "The server is busy or a dependency is down (`OVERLOADED`, `IDEMPOTENCY_CAPACITY`, …).",
+    ),
+    (504, "The execution ran past its deadline (`TIMEOUT`)."),
+];
+
+/// What every request passes first (version, credentials, rate limit).
+const DOCUMENT_ERRORS: &[u16] = &[400, 406, 429, 503];
+/// Probes spend no rate-limit budget.
+const PROBE_ERRORS: &[u16] = &[400, 406];
+/// A body (it must be empty), a refused file (`409`), a budget.
+const ADMIN_ERRORS: &[u16] = &[400, 406, 409, 429];
+const EXECUTION_ERRORS: &[u16] = &[400, 403, 404, 406, 408, 409, 413, 429, 500, 503, 504];
+
+/// Adds the error responses `statuses`, and `401` where credentials are checked.
+fn add_errors(responses: &mut Value, scope: &Scope<'_>, statuses: &[u16]) {
+    let unauthorized = scope.bearer.then_some(401);
+    for status in statuses.iter().copied().chain(unauthorized) {
+        responses[status.to_string()] =
+            json!({ "$ref": format!("#/components/responses/Error{status}") });
+    }
+}
+
+/// `components.responses`: one per error status, each with the error envelope.
+fn error_responses() -> Value {
+    let responses: Map<String, Value> = ERROR_STATUSES
+        .iter()
+        .map(|&(status, description)| {
+            // A recorded failure replays with its status, whatever it is.
+            let mut headers = json!({
+                "Cache-Control": { "$ref": "#/components/headers/NoStore" },
+                "Retry-After": { "$ref": "#/components/headers/RetryAfter" },
+                "Carmy-Replayed": { "$ref": "#/components/headers/CarmyReplayed" },
+            });
+            if status == 401 {
+                headers["WWW-Authenticate"] = json!({ "schema": { "type": "string" } });
+            }
+            let response = json!({
+                "description": description,
+                "headers": headers,
+                "content": { "application/json": {
+                    "schema": { "$ref": "#/components/schemas/ErrorResponse" },
+                } },
+            });
+            (format!("Error{status}"), response)
+        })
+        .collect();
+    Value::Object(responses)
+}
+
+fn common_headers() -> Value {
+    json!({
+        "NoStore": {
+            "description": "Answers are never cached.",
+            "schema": { "const": "no-store" },
+        },
+        "DocumentCacheControl": { "schema": { "const": "private, max-age=60" } },
+        "ETag": {
+            "description": "The quoted hex SHA-256 of the body.",
+            "schema": { "type": "string", "pattern": "^\"[0-9a-f]{64}\"$" },
+        },
+        "CarmyReplayed": {
+            "description": "The answer is the one recorded for this request id; the tool did not run.",
+            "schema": { "const": "true" },
+        },
+        "RetryAfter": {
+            "description": "Seconds to wait before retrying.",
+            "schema": { "type": "string", "pattern": "^[0-9]+$" },
+        },
+    })
+}
+
+fn common_parameters() -> Value {
+    json!({
+        "IdempotencyKey": {
+            "name": "Idempotency-Key",
+            "in": "header",
+            "description": "The request id: a repeated one replays the recorded answer. 1–256 \
+                            bytes of printable ASCII (HTTP trims spaces at either end).",
+            "schema": { "$ref": "#/components/schemas/IdempotencyKey" },
+        },
+        "IfNoneMatch": {
+            "name": "If-None-Match",
+            "in": "header",
+            "description": "ETags of a cached copy: a match answers `304`.",
+            "schema": { "type": "string" },
+        },
+    })
+}
+
+// Schemas
+
+/// Whether the tool accepts `{}`, what an empty body and absent `arguments` mean.
+fn accepts_empty(tool: &CatalogTool) -> bool {
+    tool.validator.is_valid(&json!({}))
+}
+
+fn common_schemas() -> Map<String, Value> {
+    let schemas = json!({
+        "ContentHash": { "type": "string", "pattern": "^[0-9a-f]{64}$" },
+        "ExecutionId": {
+            "type": "string",
+            "pattern": "^exec_[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$",
+        },
+        "RequestId": {
+            "description": "1–256 bytes of printable ASCII.",
+            "type": "string",
+            "pattern": "^[ -~]{1,256}$",
+        },
+        "IdempotencyKey": {
+            "description": "A request id as a header value: HTTP trims spaces at either end.",
+            "type": "string",
+            "pattern": "^[!-~]([ -~]{0,254}[!-~])?$",
+        },
+        "UInt64": { "type": "integer", "minimum": 0, "maximum": u64::MAX },
+        "ExecutionResponse": {
+            "type": "object",
+            "required": ["execution_id", "status", "data", "_agent"],
+            "properties": {
+                "execution_id": { "$ref": "#/components/schemas/ExecutionId" },
+                "status": { "const": "completed" },
+                "data": {},
+                "_agent": { "$ref": "#/components/schemas/Agent" },
+            },
+        },
+        "ErrorResponse": {
+            "description": "A failed execution, or (`error` alone) a request refused before an \
+                            execution existed.",
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "execution_id": { "$ref": "#/components/schemas/ExecutionId" },
+                "status": { "enum": ["failed", "cancelled", "timed_out"] },
+                "error": { "$ref": "#/components/schemas/Error" },
+                "_agent": { "$ref": "#/components/schemas/Agent" },
+            },
+        },
+        "Error": {
+            "type": "object",
+            "required": ["code", "message", "category", "recoverable", "retryable"],
+            "properties": {
+                "code": { "type": "string" },
+                "message": { "type": "string" },
+                "category": { "enum": [
+                    "validation", "permission", "not_found", "conflict",
+                    "cancelled", "internal", "capacity", "timeout",
+                ] },
+                "recoverable": { "type": "boolean" },
+                "retryable": { "type": "boolean" },
+                "retry_after": { "$ref": "#/components/schemas/UInt64" },
+                "suggested_action": { "type": "string" },
+                "details": {},
+            },
+        },
+        "Agent": {
+            "type": "object",
+            "required": ["cacheable", "next_actions"],
+            "properties": {
+                "cacheable": { "type": "boolean" },
+                "next_actions": {
+                    "type": "array",
+                    "items": { "$ref": "#/components/schemas/NextAction" },
+                },
+            },
+        },
+        "NextAction": {
+            "type": "object",
+            "required": ["tool", "reason"],
+            "properties": {
+                "tool": { "type": "string" },
+                "arguments": { "type": "object" },
+                "reason": { "type": "string" },
+                "after_ms": { "$ref": "#/components/schemas/UInt64" },
+            },
+        },
+        "CatalogEntry": {
+            "type": "object",
+            "required": ["name", "description", "input_schema", "output_schema", "effect",
+                         "idempotent", "parallel_safe", "confirmation"],
+            "properties": {
+                "name": { "type": "string" },
+                "description": { "type": "string" },
+                "input_schema": { "type": "object" },
+                "output_schema": {},
+                "effect": { "enum": ["none", "read", "write", "external_write", "destructive"] },
+                "idempotent": { "type": "boolean" },
+                "parallel_safe": { "type": "boolean" },
+                "confirmation": { "enum": ["none", "required"] },
+                "timeout_ms": { "$ref": "#/components/schemas/UInt64" },
+            },
+        },
+        "HealthReport": {
+            "type": "object",
+            "required": ["status", "state", "since", "checks"],
+            "properties": {
+                "status": { "enum": ["pass", "warn", "fail"] },
+                "state": { "$ref": "#/components/schemas/HealthState" },
+                "since": { "type": "string", "format": "date-time" },
+                "reason": { "type": "string" },
+                "checks": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "object",
+                        "required": ["status"],
+                        "properties": {
+                            "status": { "enum": ["pass", "warn", "fail"] },
+                            "observed_ms": { "$ref": "#/components/schemas/UInt64" },
+                            "output": { "type": "string" },
+                        },
+                    },
+                },
+            },
+        },
+        "HealthState": { "enum": ["healthy", "degrading", "degraded"] },
+    });
+    match schemas {
+        Value::Object(schemas) => schemas,
+        _ => unreachable!("a JSON object literal"),
+    }
+}
+
+/// The events carmy delivers (`protocol.md` §8): a signed `POST` of `{type, timestamp, data}`.
+fn webhooks() -> Value {
+    let events = [
+        (
+            "health.changed",
+            "The service's health state machine moved.",
+            json!({
+                "type": "object",
+                "required": ["from", "to", "since"],
+                "properties": {
+                    "from": { "$ref": "#/components/schemas/HealthState" },
+                    "to": { "$ref": "#/components/schemas/HealthState" },
+                    "reason": { "type": ["string", "null"] },
+                    "since": { "type": "string", "format": "date-time" },
+                },
+            }),
+        ),
+        (
+            "tools.changed",
+            "A reload changed the catalog.",
+            json!({
+                "type": "object",
+                "required": ["tools_version"],
+                "properties": { "tools_version": { "$ref": "#/components/schemas/ContentHash" } },
+            }),
+        ),
+        (
+            "execution.finished",
+            "An async execution, or one with a request id, finished.",
+            json!({
+                "type": "object",
+                "required": ["execution_id", "tool", "status", "caller"],
+                "properties": {
+                    "execution_id": { "$ref": "#/components/schemas/ExecutionId" },
+                    "tool": { "type": "string" },
+                    "status": { "enum": ["completed", "failed", "cancelled", "timed_out"] },
+                    "caller": { "type": "string" },
+                },
+            }),
+        ),
+        (
+            "subscription.disabled",
+            "A subscription failed continuously and was disabled.",
+            json!({
+                "type": "object",
+                "required": ["id", "url"],
+                "properties": {
+                    "id": { "type": "string", "pattern": "^sub_" },
+                    "url": { "type": "string", "format": "uri" },
+                    "reason": { "type": "string" },
+                },
+            }),
+        ),
+    ];
+    let signature_headers = json!([
+        { "name": "webhook-id", "in": "header", "required": true,
+          "description": "The event's id, the same on every retry: the deduplication key.",
+          "schema": { "type": "string", "pattern": "^evt_" } },
+        { "name": "webhook-timestamp", "in": "header", "required": true,
+          "description": "Unix seconds of this attempt.",
+          "schema": { "type": "string", "pattern": "^[0-9]+$" } },
+        { "name": "webhook-signature", "in": "header", "required": true,
+          "description": "`v1,<base64 HMAC-SHA256 of \"{id}.{timestamp}.{body}\">`, several \
+                          space-separated while a secret rotates (Standard Webhooks).",
+          "schema": { "type": "string" } },
+    ]);
+    let webhooks: Map<String, Value> = events
+        .into_iter()
+        .map(|(name, summary, data)| {
+            let body = json!({
+                "type": "object",
+                "required": ["type", "timestamp", "data"],
+                "properties": {
+                    "type": { "const": name },
+                    "timestamp": { "type": "string", "format": "date-time" },
+                    "data": data,
+                },
+            });
+            let operation = json!({ "post": {
+                "operationId": name,
+                "summary": summary,
+                "parameters": signature_headers,
+                "requestBody": { "required": true, "content": { "application/json": { "schema": body } } },
+                "responses": {
+                    "2XX": { "description": "Delivered." },
+                    "410": { "description": "Disables the subscription." },
+                },
+            } });
+            (name.to_owned(), operation)
+        })
+        .collect();
+    Value::Object(webhooks)
+}
+
+impl Builder<'_> {
+    /// A tool's schema, placed inside the document. JSON pointers into its own `$defs` (the
+    /// definitions of recursive types) would resolve against the document's root, so the
+    /// definitions move to `components.schemas` under names prefixed with the tool's, and the
+    /// references follow; a reference to the whole schema (`#`) points at it there too.
+    fn embed(&mut self, schema: &Value, tool: &str, role: &str) -> Value {
+        let prefix = format!("{tool}.{role}");
+        let mut schema = schema.clone();
+        let definitions = schema
+            .as_object_mut()
+            .and_then(|root| root.remove("$defs"))
+            .and_then(|definitions| match definitions {
+                Value::Object(definitions) => Some(definitions),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let mut self_referenced = false;
+        for (name, mut definition) in definitions {
+            self_referenced |= rewrite_references(&mut definition, &prefix);
+            self.schemas
+                .insert(component_name(&prefix, &name), definition);
+        }
+        self_referenced |= rewrite_references(&mut schema, &prefix);
+        if !self_referenced {
+            return schema;
+        }
+        self.schemas.insert(prefix.clone(), schema);
+        json!({ "$ref": format!("#/components/schemas/{prefix}") })
+    }
+}
+
+/// Points `#/$defs/X` at the moved definition and `#` at the schema's own component; true if
+/// the schema refers to itself.
+fn rewrite_references(schema: &mut Value, prefix: &str) -> bool {
+    match schema {
+        Value::Object(object) => {
+            let mut self_referenced = false;
+            for (key, value) in object.iter_mut() {
+                match (key.as_str(), &*value) {
+                    ("$ref", Value::String(reference)) if reference == "#" => {
+                        *value = json!(format!("#/components/schemas/{prefix}"));
+                        self_referenced = true;
+                    }
+                    ("$ref", Value::String(reference)) => {
+                        if let Some(pointer) = reference.strip_prefix("#/$defs/") {
+                            let (name, rest) = pointer.split_once('/').unwrap_or((pointer, ""));
+                            let mut target =
+                                format!("#/components/schemas/{}", component_name(prefix, name));
+                            if !rest.is_empty() {
+                                target = format!("{target}/{rest}");
+                            }
+                            *value = json!(target);
+                        }
+                    }
+                    _ => self_referenced |= rewrite_references(value, prefix),
+                }
+            }
+            self_referenced
+        }
+        Value::Array(items) => items.iter_mut().fold(false, |found, item| {
+            rewrite_references(item, prefix) | found
+        }),
+        _ => false,
+    }
+}
+
+/// A component name (`[A-Za-z0-9._-]+`) for the definition `name` of the schema at `prefix`.
+fn component_name(prefix: &str, name: &str) -> String {
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{prefix}.{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ERROR_STATUSES;
+    use crate::http::error::status_for;
+    use crate::tool_error::Category;
+    use crate::wire::codes;
+
+    #[test]
+    fn every_status_an_error_can_take_is_documented() {
+        let categories = [
+            Category::Validation,
+            Category::Permission,
+            Category::NotFound,
+            Category::Conflict,
+            Category::Cancelled,
+            Category::Internal,
+            Category::Capacity,
+            Category::Timeout,
+        ];
+        // A new category breaks this match, and so joins the list above.
+        for category in categories {
+            match category {
+                Category::Validation
+                | Category::Permission
+                | Category::NotFound
+                | Category::Conflict
+                | Category::Cancelled
+                | Category::Internal
+                | Category::Capacity
+                | Category::Timeout => {}
+            }
+        }
+        // Codes with a status of their own; `405` is for undeclared methods, never documented.
+        let coded = [
+            (Category::Validation, codes::PAYLOAD_TOO_LARGE),
+            (Category::Permission, codes::UNAUTHENTICATED),
+            (Category::Capacity, codes::RATE_LIMITED),
+            (Category::Validation, codes::UNSUPPORTED_VERSION),
+        ];
+        let statuses = categories
+            .iter()
+            .map(|&category| status_for(Some(category), None))
+            .chain(
+                coded
+                    .iter()
+                    .map(|&(category, code)| status_for(Some(category), Some(code))),
+            );
+        for status in statuses {
+            assert!(
+                ERROR_STATUSES
+                    .iter()
+                    .any(|&(documented, _)| documented == status.as_u16()),
+                "{status} is not documented"
+            );
+        }
+    }
+}
