@@ -158,6 +158,12 @@ impl App {
         if let Some(timeout) = config.server.body_timeout {
             self.http.body_timeout = timeout;
         }
+        if let Some(enabled) = config.metrics.enabled {
+            self.settings.metrics = enabled;
+        }
+        if let Some(trust) = config.metrics.trust {
+            self.http.metrics_trust = trust;
+        }
         self.server = self.server.configure(&config.server);
         self
     }
@@ -203,6 +209,21 @@ impl App {
     /// `Content-Security-Policy` that allows nothing to every response (default off).
     pub fn security_headers(mut self, enabled: bool) -> Self {
         self.protection.security_headers = enabled;
+        self
+    }
+
+    /// Serves `GET /metrics` (Prometheus text, OpenMetrics when asked) and counts what it
+    /// reports (default off).
+    pub fn metrics(mut self, enabled: bool) -> Self {
+        self.settings.metrics = enabled;
+        self
+    }
+
+    /// The least trusted caller that may read `/metrics` (default anonymous: anyone who
+    /// reaches the server). The metrics name every tool, hidden ones too; to other callers
+    /// the route does not exist.
+    pub fn metrics_trust(mut self, trust: TrustLevel) -> Self {
+        self.http.metrics_trust = trust;
         self
     }
 
@@ -332,10 +353,12 @@ impl App {
     pub(crate) fn build(self) -> Result<(axum::Router, Arc<Runtime>), Error> {
         serve::check_body_timeout(self.http.body_timeout)?;
         let http = self.http.clone();
-        let protection = Arc::new(self.protection.clone());
+        let mut protection = self.protection.clone();
         #[cfg(feature = "mcp")]
         let mcp = self.mcp.clone();
         let (name, runtime) = self.into_runtime()?;
+        protection.metrics = runtime.metrics().cloned();
+        let protection = Arc::new(protection);
         let router = protection.guard(
             http::router(&name, Arc::clone(&runtime), &http, cfg!(feature = "mcp")),
             <ToolError as IntoResponse>::into_response,
@@ -349,6 +372,12 @@ impl App {
                 runtime.shutdown_token(),
             ),
             |error| mcp::refusal(&error),
+        ));
+        // Outside the gate, so refusals are measured and traced too; inside the routes, so
+        // the route template is known.
+        let router = router.layer(axum::middleware::from_fn_with_state(
+            runtime.metrics().cloned(),
+            http::observe,
         ));
         // One deadline for each request body, from the end of its head.
         let router = router.layer(tower_http::timeout::RequestBodyDeadlineLayer::new(

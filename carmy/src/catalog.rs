@@ -1,4 +1,5 @@
-//! The tools an app serves, checked and compiled once at start-up.
+//! The tools an app serves, checked and compiled once at start-up, and their definitions in the
+//! shapes model providers take ([`tool_definitions`]).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -10,6 +11,11 @@ use crate::principal::TrustLevel;
 use crate::schema;
 use crate::state::StateMap;
 use crate::tool::ToolDescriptor;
+
+mod providers;
+
+pub(crate) use providers::define;
+pub use providers::{Lossy, Provider, ToolDefinition, tool_definition, tool_definitions};
 
 /// The app's tools, sorted by name, with their schemas and compiled validators.
 #[derive(Debug)]

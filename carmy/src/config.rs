@@ -21,6 +21,10 @@
 //! shutdown_grace_secs = 10
 //! drain_delay_secs = 5            # readiness fails this long before the listener closes
 //!
+//! [metrics]
+//! enabled = true                  # CARMY_METRICS_ENABLED: serve GET /metrics
+//! trust = "internal"              # the least trusted caller that may read it (default anonymous)
+//!
 //! [[tokens]]                      # tables of tokens have no override
 //! id = "reporting"
 //! trust = "known"
@@ -59,6 +63,16 @@ pub struct Config {
     pub(crate) cors_origins: Vec<String>,
     pub(crate) security_headers: bool,
     pub(crate) server: ServerConfig,
+    pub(crate) metrics: Metrics,
+}
+
+/// `[metrics]`: whether `/metrics` is served, and to whom; what is set replaces the builder's.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct Metrics {
+    pub(crate) enabled: Option<bool>,
+    #[serde(deserialize_with = "some_trust_level")]
+    pub(crate) trust: Option<TrustLevel>,
 }
 
 impl Config {
@@ -132,6 +146,7 @@ struct File {
     cors: Cors,
     rate_limit: RateLimits,
     server: Server,
+    metrics: Metrics,
     /// `None` without a `[[tokens]]` table: no token authentication at all.
     tokens: Option<Vec<Token>>,
 }
@@ -192,6 +207,12 @@ fn known() -> TrustLevel {
     TrustLevel::Known
 }
 
+fn some_trust_level<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<TrustLevel>, D::Error> {
+    trust_level(deserializer).map(Some)
+}
+
 fn trust_level<'de, D: Deserializer<'de>>(deserializer: D) -> Result<TrustLevel, D::Error> {
     const NAMES: &[&str] = &[
         TrustLevel::Anonymous.as_str(),
@@ -249,6 +270,9 @@ const OVERRIDES: &[(&str, Override)] = &[
     }),
     ("server.drain_delay_secs", |file, value| {
         set(&mut file.server.drain_delay_secs, value)
+    }),
+    ("metrics.enabled", |file, value| {
+        set(&mut file.metrics.enabled, value)
     }),
 ];
 
@@ -308,6 +332,7 @@ impl File {
             cors: Cors { allowed_origins },
             rate_limit,
             server,
+            metrics,
             tokens,
         } = self;
         let RateLimits {
@@ -351,6 +376,7 @@ impl File {
             cors_origins: allowed_origins,
             security_headers,
             server: server.into_config(),
+            metrics,
         })
     }
 }

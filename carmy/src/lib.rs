@@ -4,7 +4,7 @@
 
 mod app;
 pub mod auth;
-mod catalog;
+pub mod catalog;
 pub mod config;
 mod context;
 mod error;
@@ -19,6 +19,7 @@ mod runtime;
 mod schema;
 mod serve;
 mod state;
+mod telemetry;
 pub mod testing;
 mod tool;
 mod tool_error;

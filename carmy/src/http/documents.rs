@@ -1,22 +1,25 @@
-//! `GET /.well-known/agent` and `GET /agent/tools` (`protocol.md` §1–3): serialized once when
-//! the router is built, served from memory with a strong ETag and conditional GET.
+//! `GET /.well-known/agent` and `GET /agent/tools` (`protocol.md` §1–3), and the catalog in a
+//! model provider's shape (`?format=openai|anthropic|gemini`, §11): serialized once when the
+//! router is built, served from memory with a strong ETag and conditional GET.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::Extensions;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::auth::hex;
-use crate::catalog::Catalog;
+use crate::catalog::{self, Catalog, Lossy, Provider, ToolDefinition};
 use crate::principal::{Principal, TrustLevel};
 use crate::tool::{Confirmation, Effect};
+use crate::tool_error::ToolError;
 use crate::wire::JSON;
 
 pub(crate) const DISCOVERY_PATH: &str = "/.well-known/agent";
@@ -43,6 +46,8 @@ pub(crate) struct Documents {
 struct LevelDocuments {
     discovery: Document,
     catalog: Document,
+    /// The catalog in each provider's shape, indexed like [`Provider::ALL`].
+    providers: [Document; 3],
 }
 
 /// One serialized document with its validator.
@@ -71,6 +76,21 @@ struct CatalogBody<'a> {
     tools: Vec<CatalogEntry<'a>>,
 }
 
+/// `?format=`: a provider's tool definitions, pasteable as they are, and what each tool's
+/// definition could not say.
+#[derive(Serialize)]
+struct ProviderBody<'a> {
+    format: &'static str,
+    tools: Vec<&'a Value>,
+    #[serde(rename = "x-carmy-lossy")]
+    lossy: BTreeMap<&'static str, &'a [Lossy]>,
+}
+
+#[derive(Deserialize)]
+struct CatalogQuery {
+    format: Option<String>,
+}
+
 #[derive(Serialize)]
 struct CatalogEntry<'a> {
     name: &'a str,
@@ -87,8 +107,21 @@ struct CatalogEntry<'a> {
 
 impl Documents {
     pub(crate) fn build(name: &str, catalog: &Catalog, mcp: bool) -> Self {
+        // Rewritten once per tool, then picked per level.
+        let definitions: BTreeMap<&str, [ToolDefinition; 3]> = catalog
+            .tools()
+            .iter()
+            .map(|tool| {
+                let name = tool.descriptor.name;
+                let define = |provider| {
+                    catalog::define(provider, name, &tool.description, &tool.input_schema)
+                };
+                (name, Provider::ALL.map(define))
+            })
+            .collect();
         Documents {
-            levels: TrustLevel::ALL.map(|trust| LevelDocuments::build(name, catalog, mcp, trust)),
+            levels: TrustLevel::ALL
+                .map(|trust| LevelDocuments::build(name, catalog, &definitions, mcp, trust)),
         }
     }
 
@@ -102,7 +135,17 @@ impl Documents {
 }
 
 impl LevelDocuments {
-    fn build(name: &str, catalog: &Catalog, mcp: bool, trust: TrustLevel) -> Self {
+    fn build(
+        name: &str,
+        catalog: &Catalog,
+        definitions: &BTreeMap<&str, [ToolDefinition; 3]>,
+        mcp: bool,
+        trust: TrustLevel,
+    ) -> Self {
+        let visible: Vec<&[ToolDefinition; 3]> = catalog
+            .visible_to(trust)
+            .map(|tool| &definitions[tool.descriptor.name])
+            .collect();
         let tools = catalog
             .visible_to(trust)
             .map(|tool| CatalogEntry {
@@ -132,7 +175,24 @@ impl LevelDocuments {
             mcp_url: mcp.then_some(MCP_PATH),
             health_url: super::health::HEALTH_PATH,
         });
-        LevelDocuments { discovery, catalog }
+        let providers = Provider::ALL.map(|provider| {
+            let index = provider.index();
+            Document::new(&ProviderBody {
+                format: provider.as_str(),
+                tools: visible.iter().map(|tool| &tool[index].definition).collect(),
+                lossy: visible
+                    .iter()
+                    .map(|tool| &tool[index])
+                    .filter(|definition| !definition.lossy.is_empty())
+                    .map(|definition| (definition.name, definition.lossy.as_slice()))
+                    .collect(),
+            })
+        });
+        LevelDocuments {
+            discovery,
+            catalog,
+            providers,
+        }
     }
 }
 
@@ -180,11 +240,31 @@ pub(crate) async fn discovery(
         .respond(request.headers())
 }
 
+/// The catalog, or with `?format=` the provider definitions; an unknown format is a `400`.
 pub(crate) async fn catalog(State(documents): State<Arc<Documents>>, request: Request) -> Response {
-    documents
-        .for_caller(request.extensions())
-        .catalog
-        .respond(request.headers())
+    let level = documents.for_caller(request.extensions());
+    let document = match requested_format(request.uri()) {
+        Ok(None) => &level.catalog,
+        Ok(Some(provider)) => &level.providers[provider.index()],
+        Err(error) => return error.into_response(),
+    };
+    document.respond(request.headers())
+}
+
+/// The provider named by `?format=`, if any.
+fn requested_format(uri: &axum::http::Uri) -> Result<Option<Provider>, ToolError> {
+    let unsupported = || {
+        ToolError::invalid_request("`format` must be one of the supported provider formats")
+            .details(serde_json::json!({
+                "reason": "`format` must be one of the supported provider formats",
+                "supported": Provider::ALL.map(Provider::as_str),
+            }))
+    };
+    let Query(query) = Query::<CatalogQuery>::try_from_uri(uri).map_err(|_| unsupported())?;
+    query
+        .format
+        .map(|name| Provider::from_name(&name).ok_or_else(unsupported))
+        .transpose()
 }
 
 /// `If-None-Match` uses weak comparison (RFC 9110 §13.1.2): `W/` prefixes are ignored, `*`

@@ -5,6 +5,7 @@ mod documents;
 pub(crate) mod error;
 mod execute;
 mod health;
+mod metrics;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{any, get, post};
 
+use crate::principal::TrustLevel;
 use crate::runtime::Runtime;
 use crate::tool_error::{Category, ToolError};
 use crate::wire::codes;
@@ -20,6 +22,7 @@ pub(crate) use documents::Documents;
 #[cfg(feature = "mcp")]
 pub(crate) use documents::MCP_PATH;
 pub(crate) use health::is_probe;
+pub(crate) use metrics::{METRICS_PATH, observe};
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
 #[derive(Clone)]
@@ -28,6 +31,8 @@ pub(crate) struct HttpSettings {
     pub(crate) keep_alive: Duration,
     /// How long a request body may take to arrive, from the end of its head.
     pub(crate) body_timeout: Duration,
+    /// The least trusted caller that may read `/metrics` (when metrics are on).
+    pub(crate) metrics_trust: TrustLevel,
 }
 
 impl Default for HttpSettings {
@@ -35,6 +40,7 @@ impl Default for HttpSettings {
         HttpSettings {
             keep_alive: Duration::from_secs(15),
             body_timeout: crate::serve::MAX_BODY_TIMEOUT,
+            metrics_trust: TrustLevel::Anonymous,
         }
     }
 }
@@ -50,6 +56,9 @@ pub(crate) fn router(
 ) -> Router {
     let documents = Arc::new(Documents::build(name, runtime.catalog(), mcp));
     let health = health::router(runtime.health().clone());
+    let metrics = runtime
+        .metrics()
+        .map(|metrics| metrics::router(Arc::clone(metrics), settings.metrics_trust));
     let documents = Router::new()
         .route(documents::DISCOVERY_PATH, get(documents::discovery))
         .route(documents::CATALOG_PATH, get(documents::catalog))
@@ -63,6 +72,7 @@ pub(crate) fn router(
     let mut router = documents
         .merge(execute)
         .merge(health)
+        .merge(metrics.unwrap_or_default())
         .method_not_allowed_fallback(method_not_allowed);
     let mut owned = vec!["/agent", "/agent/{*rest}", "/.well-known/agent/{*rest}"];
     if mcp {
