@@ -127,8 +127,8 @@ fn definitions(provider: Provider) -> Vec<ToolDefinition> {
 }
 
 /// Every subschema of `schema` with its JSON Pointer, `schema` first.
-fn subschemas<'a>(schema: &'a Value, path: String, out: &mut Vec<(String, &'a Value)>) {
-    out.push((path.clone(), schema));
+fn subschemas<'a>(schema: &'a Value, path: &str, out: &mut Vec<(String, &'a Value)>) {
+    out.push((path.to_owned(), schema));
     let Some(object) = schema.as_object() else {
         return;
     };
@@ -139,7 +139,7 @@ fn subschemas<'a>(schema: &'a Value, path: String, out: &mut Vec<(String, &'a Va
             .into_iter()
             .flatten()
         {
-            subschemas(sub, format!("{path}/{key}/{name}"), out);
+            subschemas(sub, &format!("{path}/{key}/{name}"), out);
         }
     }
     for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
@@ -150,19 +150,19 @@ fn subschemas<'a>(schema: &'a Value, path: String, out: &mut Vec<(String, &'a Va
             .flatten()
             .enumerate()
         {
-            subschemas(sub, format!("{path}/{key}/{index}"), out);
+            subschemas(sub, &format!("{path}/{key}/{index}"), out);
         }
     }
     for key in ["items", "additionalProperties"] {
         if let Some(sub) = object.get(key).filter(|sub| sub.is_object()) {
-            subschemas(sub, format!("{path}/{key}"), out);
+            subschemas(sub, &format!("{path}/{key}"), out);
         }
     }
 }
 
 fn all_subschemas(schema: &Value) -> Vec<(String, &Value)> {
     let mut out = Vec::new();
-    subschemas(schema, String::new(), &mut out);
+    subschemas(schema, "", &mut out);
     out
 }
 
