@@ -36,6 +36,9 @@ pub use runtime::ExecutionStatus;
 pub use schema_trait::*;
 pub use serve::{Server, shutdown_signal};
 pub use state::State;
+/// OTLP export of carmy's spans.
+#[cfg(feature = "otel")]
+pub use telemetry::otel;
 pub use tool::{Confirmation, Effect, ToolDescriptor};
 pub use tool_error::{Category, IntoToolError, ToolError};
 

@@ -3,6 +3,8 @@
 //! caller's trace by its W3C `traceparent`.
 
 mod metrics;
+#[cfg(feature = "otel")]
+pub mod otel;
 mod spans;
 
 pub(crate) use metrics::{Format, Metrics};

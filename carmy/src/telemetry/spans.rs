@@ -108,9 +108,17 @@ pub(crate) fn execution_span(execution_id: &str, request_id: Option<&str>, tool:
     )
 }
 
-/// Makes the caller's span the parent of `span` in the exported trace; without an exporter
-/// (the `otel` feature), its ids are only fields of the span.
-fn join(_span: &Span, _parent: Option<&TraceParent>) {}
+/// Makes the caller's span the parent of `span` in the exported trace (the `otel` feature).
+#[cfg(feature = "otel")]
+fn join(span: &Span, parent: Option<&TraceParent>) {
+    if let Some(parent) = parent {
+        super::otel::set_parent(span, parent);
+    }
+}
+
+/// Without an exporter, the caller's ids are only fields of the span.
+#[cfg(not(feature = "otel"))]
+fn join(_: &Span, _: Option<&TraceParent>) {}
 
 #[cfg(test)]
 mod tests {
