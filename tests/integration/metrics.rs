@@ -291,6 +291,9 @@ async fn the_shop_example_serves_metrics_without_a_token() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/shop/carmy.toml");
     let config = carmy::Config::parse(&std::fs::read_to_string(path).unwrap(), |_| None).unwrap();
     let router = shop::app().config(config).router().unwrap();
+    // A tool hidden from the caller is, in the metrics too, a tool that does not exist.
+    let hidden = execute(&router, &json!({ "tool": "sales_summary" })).await;
+    assert_eq!(hidden.json()["error"]["code"], "TOOL_NOT_FOUND");
     let scrape = scrape(&router).await;
     assert!(
         scrape
@@ -298,6 +301,13 @@ async fn the_shop_example_serves_metrics_without_a_token() {
             .iter()
             .any(|sample| sample.metric == "http_server_active_requests")
     );
+    let hidden = sample(
+        &scrape,
+        "carmy_executions_total",
+        &[("tool", ""), ("status", "failed")],
+    );
+    assert_eq!(number(hidden), 1.0);
+    assert!(!format!("{:?}", scrape.samples).contains("sales_summary"));
 }
 
 /// A small deterministic generator: the test needs variety, not secrecy.

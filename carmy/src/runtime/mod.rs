@@ -262,11 +262,13 @@ impl Runtime {
     ) -> Outcome {
         let execution_id: Arc<str> = format!("exec_{}", uuid::Uuid::now_v7()).into();
         let span = telemetry::execution_span(&execution_id, call.request_id.as_deref(), &call.tool);
-        // The catalog's name, for the metrics' label: never the caller's text.
-        let tool = self
-            .catalog
-            .get(&call.tool)
-            .map(|tool| tool.descriptor.name);
+        // The catalog's name, for the metrics' label: never the caller's text, and none for a
+        // tool hidden from the caller, which to them does not exist.
+        let tool = self.metrics.as_ref().and_then(|_| {
+            let trust = call.principal.trust();
+            let tool = self.catalog.get_visible(&call.tool, trust)?;
+            Some(tool.descriptor.name)
+        });
         let started = Instant::now();
         let outcome = match self.prepare(call, execution_id.clone()) {
             Err(rejected) => {
