@@ -62,6 +62,8 @@ def scenarios(etags):
     return {
         "execute create_order": {
             "baseline": execute(CREATE), "carmy": execute(CREATE), "carmy 0.6": execute(CREATE),
+            # the shipped example counts `/metrics`; the same build with them off
+            "carmy, metrics off": execute(CREATE),
             "rmcp": ("POST", "/mcp", mcp_call("create_order", {"sku": "KB-01"}), mcp_headers("create_order")),
         },
         "execute list_products": {
@@ -101,6 +103,7 @@ SERVERS = {
     "carmy 0.6": lambda: [str(PEERS_TARGET / "release" / "carmy06")],
     "rmcp": lambda: [str(PEERS_TARGET / "release" / "rmcp_shop")],
     **{f"carmy, {store}": lambda: [str(TARGET / "release" / "shop")] for store in STORES},
+    "carmy, metrics off": lambda: [str(TARGET / "release" / "shop")],
 }
 PORT = 3100
 # `--compare BIN`: another build of the example (e.g. the previous commit's), measured beside
@@ -129,6 +132,8 @@ class Server:
         store = target.removeprefix("carmy, ")
         if store in STORES:
             env["CARMY_IDEMPOTENCY_URL"] = STORES[store].format(tmp=tempfile.mkdtemp())
+        if target == "carmy, metrics off":
+            env["CARMY_METRICS_ENABLED"] = "false"
         self.log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(["taskset", "-c", "0", *SERVERS[target]()], env=env,
                                         stdout=subprocess.DEVNULL, stderr=self.log)

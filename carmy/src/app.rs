@@ -239,6 +239,21 @@ impl App {
         self
     }
 
+    /// Serves `GET /metrics` (Prometheus text, OpenMetrics when asked) and counts what it
+    /// reports (default off).
+    pub fn metrics(mut self, enabled: bool) -> Self {
+        self.settings.metrics = enabled;
+        self
+    }
+
+    /// The least trusted caller that may read `/metrics` (default anonymous: anyone who
+    /// reaches the server). The metrics name every tool, hidden ones too; to other callers
+    /// the route does not exist.
+    pub fn metrics_trust(mut self, trust: TrustLevel) -> Self {
+        self.http.metrics_trust = trust;
+        self
+    }
+
     /// How often an SSE stream sends a keep-alive comment while the tool is quiet (default
     /// 15 s).
     pub fn sse_keep_alive(mut self, interval: Duration) -> Self {
@@ -390,6 +405,14 @@ impl App {
         {
             self.http.body_timeout = timeout;
         }
+        if let Some(config) = &self.config {
+            if let Some(enabled) = config.metrics.enabled {
+                self.settings.metrics = enabled;
+            }
+            if let Some(trust) = config.metrics.trust {
+                self.http.metrics_trust = trust;
+            }
+        }
         serve::check_body_timeout(self.http.body_timeout)?;
         let http = self.http.clone();
         #[cfg(feature = "mcp")]
@@ -423,6 +446,12 @@ impl App {
             ),
             |error| mcp::refusal(&error),
         ));
+        // Outside the gate, so refusals are measured and traced too; inside the routes, so
+        // the route template is known.
+        let router = router.layer(axum::middleware::from_fn_with_state(
+            started.runtime.metrics().cloned(),
+            http::observe,
+        ));
         // One deadline for each request body, from the end of its head.
         let router = router.layer(tower_http::timeout::RequestBodyDeadlineLayer::new(
             http.body_timeout,
@@ -450,13 +479,16 @@ impl App {
             Arc::clone(&store),
             self.settings.clone(),
             self.health.clone(),
+            &self.reloads,
         );
         let limiter = Arc::clone(&self.protection.limiter);
+        let mut protection = self.protection;
+        protection.metrics = runtime.metrics().cloned();
         let base = Base {
             name: name.clone(),
             mcp: cfg!(feature = "mcp"),
             catalog,
-            protection: self.protection,
+            protection,
             runtime: self.settings,
         };
         let current: Current = Arc::new(ArcSwap::from_pointee(base.build(self.config.as_ref())?));

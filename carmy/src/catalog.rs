@@ -1,6 +1,7 @@
 //! The tools an app serves, checked and compiled once at start-up; `carmy.toml`'s per-tool
 //! overrides (`[tools.NAME]`) derive a new catalog from it on every reload, sharing the
-//! compiled parts.
+//! compiled parts. Also their definitions in the shapes model providers take
+//! ([`tool_definitions`]).
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
@@ -15,6 +16,11 @@ use crate::principal::TrustLevel;
 use crate::schema;
 use crate::state::StateMap;
 use crate::tool::ToolDescriptor;
+
+mod providers;
+
+pub(crate) use providers::define;
+pub use providers::{Lossy, Provider, ToolDefinition, tool_definition, tool_definitions};
 
 /// The app's tools, sorted by name, with their schemas and compiled validators. Cloning shares
 /// the compiled parts.

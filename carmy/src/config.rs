@@ -26,6 +26,9 @@
 //! [tools.sales_summary]
 //! access = "anonymous"            # anonymous | known | partner | internal
 //! timeout = "45s"
+//! [metrics]
+//! enabled = true                  # CARMY_METRICS_ENABLED: serve GET /metrics
+//! trust = "internal"              # the least trusted caller that may read it (default anonymous)
 //!
 //! [[tokens]]                      # tables of tokens have no override
 //! id = "reporting"
@@ -70,6 +73,7 @@ pub struct Config {
     pub(crate) server: ServerConfig,
     /// `[tools.NAME]`, by tool name.
     pub(crate) tools: BTreeMap<String, ToolOverride>,
+    pub(crate) metrics: Metrics,
 }
 
 /// `[tools.NAME]`: what the file changes about one tool.
@@ -82,8 +86,19 @@ pub(crate) struct ToolOverride {
     pub(crate) location: String,
 }
 
+/// `[metrics]`: whether `/metrics` is served, and to whom; what is set replaces the builder's.
+/// Restart-only: the route and its middleware are set up once.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct Metrics {
+    pub(crate) enabled: Option<bool>,
+    #[serde(deserialize_with = "some_trust_level")]
+    pub(crate) trust: Option<TrustLevel>,
+}
+
 impl Config {
-    /// The first restart-only key (`[server]`: the listener and connections are set up once)
+    /// The first restart-only key (`[server]`: the listener and connections are set up once;
+    /// `[metrics]`: the route and its middleware too)
     /// whose value differs in `next`.
     pub(crate) fn restart_required(&self, next: &Config) -> Option<&'static str> {
         let ServerConfig {
@@ -94,29 +109,37 @@ impl Config {
             shutdown_grace,
             drain_delay,
         } = self.server;
-        let next = &next.server;
+        let next_server = &next.server;
         [
             (
                 "server.head_timeout_secs",
-                head_timeout == next.head_timeout,
+                head_timeout == next_server.head_timeout,
             ),
             (
                 "server.body_timeout_secs",
-                body_timeout == next.body_timeout,
+                body_timeout == next_server.body_timeout,
             ),
             (
                 "server.idle_timeout_secs",
-                idle_timeout == next.idle_timeout,
+                idle_timeout == next_server.idle_timeout,
             ),
             (
                 "server.max_connections",
-                max_connections == next.max_connections,
+                max_connections == next_server.max_connections,
             ),
             (
                 "server.shutdown_grace_secs",
-                shutdown_grace == next.shutdown_grace,
+                shutdown_grace == next_server.shutdown_grace,
             ),
-            ("server.drain_delay_secs", drain_delay == next.drain_delay),
+            (
+                "server.drain_delay_secs",
+                drain_delay == next_server.drain_delay,
+            ),
+            (
+                "metrics.enabled",
+                self.metrics.enabled == next.metrics.enabled,
+            ),
+            ("metrics.trust", self.metrics.trust == next.metrics.trust),
         ]
         .into_iter()
         .find(|&(_, same)| !same)
@@ -202,6 +225,7 @@ struct File {
     cors: Cors,
     rate_limit: RateLimits,
     server: Server,
+    metrics: Metrics,
     /// `None` without a `[[tokens]]` table: no token authentication at all.
     tokens: Option<Vec<Token>>,
     tools: BTreeMap<String, Spanned<Tool>>,
@@ -355,6 +379,9 @@ const OVERRIDES: &[(&str, Override)] = &[
     ("server.drain_delay_secs", |file, value| {
         set(&mut file.server.drain_delay_secs, value)
     }),
+    ("metrics.enabled", |file, value| {
+        set(&mut file.metrics.enabled, value)
+    }),
 ];
 
 fn set<T: FromEnv>(slot: &mut T, value: &str) -> Result<(), &'static str> {
@@ -417,6 +444,7 @@ impl File {
             cors: Cors { allowed_origins },
             rate_limit,
             server,
+            metrics,
             tokens,
             tools,
         } = self;
@@ -480,6 +508,7 @@ impl File {
             security_headers,
             server: server.into_config(),
             tools,
+            metrics,
         })
     }
 }

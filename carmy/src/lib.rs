@@ -4,7 +4,7 @@
 
 mod app;
 pub mod auth;
-mod catalog;
+pub mod catalog;
 pub mod config;
 mod context;
 mod error;
@@ -22,6 +22,7 @@ mod schema;
 mod serve;
 mod settings;
 mod state;
+mod telemetry;
 pub mod testing;
 mod tool;
 mod tool_error;
@@ -38,6 +39,9 @@ pub use runtime::ExecutionStatus;
 pub use schema_trait::*;
 pub use serve::{Server, shutdown_signal};
 pub use state::State;
+/// OTLP export of carmy's spans.
+#[cfg(feature = "otel")]
+pub use telemetry::otel;
 pub use tool::{Confirmation, Effect, ToolDescriptor};
 pub use tool_error::{Category, IntoToolError, ToolError};
 

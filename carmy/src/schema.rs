@@ -125,7 +125,13 @@ fn close(schema: &mut Schema, here: bool) {
 
 /// An object schema with `properties` whose type did not choose what to do with unknown ones.
 fn is_open_object_schema(object: &Map<String, Value>) -> bool {
-    object.get("type").and_then(Value::as_str) == Some("object")
+    // `Option<Struct>` is `"type": ["object", "null"]`.
+    let is_object = match object.get("type") {
+        Some(Value::String(kind)) => kind == "object",
+        Some(Value::Array(kinds)) => kinds.iter().any(|kind| kind == "object"),
+        _ => false,
+    };
+    is_object
         && object.contains_key("properties")
         && !["additionalProperties", "$ref", "unevaluatedProperties"]
             .iter()

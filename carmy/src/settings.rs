@@ -84,6 +84,7 @@ impl Base {
                     security_headers,
                     // Applied once, to the server: a change needs a restart.
                     server: _,
+                    metrics: _,
                     tools,
                 } = config;
                 if let Some(tokens) = authenticator {

@@ -43,7 +43,7 @@ fn modern(id: u64, method: &str, mut params: Value) -> Request<Body> {
 }
 
 /// A 2026-07-28 `tools/call`.
-fn call(id: u64, tool: &str, arguments: Value, meta: Value) -> Request<Body> {
+pub(crate) fn call(id: u64, tool: &str, arguments: Value, meta: Value) -> Request<Body> {
     let mut params = json!({ "name": tool });
     params["arguments"] = arguments;
     params["_meta"] = meta;

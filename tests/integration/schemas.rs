@@ -147,3 +147,40 @@ async fn an_input_type_can_opt_out_of_closed_objects() {
         json!(true)
     );
 }
+
+#[derive(Deserialize, JsonSchema)]
+struct Outer {
+    inner: Option<Inner>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct Inner {
+    value: u8,
+}
+
+/// Takes an optional nested struct.
+#[carmy::tool(effect = "none", register = false)]
+async fn optional_inner(input: Outer) -> Result<bool, ToolError> {
+    Ok(input.inner.is_some_and(|inner| inner.value > 0))
+}
+
+#[tokio::test]
+async fn optional_nested_structs_are_closed_too() {
+    let router = carmy::App::new()
+        .tool(optional_inner::TOOL)
+        .router()
+        .unwrap();
+    let catalog = get(&router, "/agent/tools").await.json();
+    let inner = &catalog["tools"][0]["input_schema"]["properties"]["inner"];
+    assert_eq!(inner["additionalProperties"], json!(false), "{inner}");
+    let call = async |inner: Value| {
+        let body = json!({ "tool": "optional_inner", "arguments": { "inner": inner } });
+        carmy_tests::execute(&router, &body).await
+    };
+    assert_eq!(
+        call(json!({ "value": 1 })).await.json()["data"],
+        json!(true)
+    );
+    let refused = call(json!({ "value": 1, "extra": 2 })).await;
+    assert_eq!(refused.json()["error"]["code"], "INVALID_ARGUMENTS");
+}

@@ -1,23 +1,27 @@
-//! `GET /.well-known/agent`, `GET /agent/tools` and `GET /agent/openapi.json` (`protocol.md`
-//! §1–3, §11): serialized once per configuration snapshot (at start and on each reload),
-//! served from memory with a strong ETag and conditional GET.
+//! `GET /.well-known/agent`, `GET /agent/tools` (also in a model provider's shape,
+//! `?format=openai|anthropic|gemini`) and `GET /agent/openapi.json` (`protocol.md` §1–3, §11):
+//! serialized once per configuration snapshot (at start and on each reload), served from
+//! memory with a strong ETag and conditional GET.
 
-use axum::extract::{Request, State};
+use std::collections::BTreeMap;
+
+use axum::extract::{Query, Request, State};
 use axum::http::Extensions;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::auth::hex;
-use crate::catalog::Catalog;
+use crate::catalog::{self, Catalog, Lossy, Provider, ToolDefinition};
 use crate::openapi;
 use crate::principal::{Principal, TrustLevel};
 use crate::settings::{Current, Settings};
 use crate::tool::{Confirmation, Effect};
+use crate::tool_error::ToolError;
 use crate::wire::{JSON, paths};
 
 const PROTOCOL: &str = "carmy/1";
@@ -47,6 +51,8 @@ pub(super) struct LevelDocuments {
     discovery: Document,
     catalog: Document,
     pub(super) openapi: Document,
+    /// The catalog in each provider's shape, indexed like [`Provider::ALL`].
+    providers: [Document; 3],
 }
 
 /// One serialized document with its validator.
@@ -76,6 +82,21 @@ struct CatalogBody<'a> {
     tools: Vec<CatalogEntry<'a>>,
 }
 
+/// `?format=`: a provider's tool definitions, pasteable as they are, and what each tool's
+/// definition could not say.
+#[derive(Serialize)]
+struct ProviderBody<'a> {
+    format: &'static str,
+    tools: Vec<&'a Value>,
+    #[serde(rename = "x-carmy-lossy")]
+    lossy: BTreeMap<&'static str, &'a [Lossy]>,
+}
+
+#[derive(Deserialize)]
+struct CatalogQuery {
+    format: Option<String>,
+}
+
 #[derive(Serialize)]
 struct CatalogEntry<'a> {
     name: &'a str,
@@ -101,9 +122,21 @@ pub(crate) struct Features {
 
 impl Documents {
     pub(crate) fn build(name: &str, catalog: &Catalog, features: Features) -> Self {
+        // Rewritten once per tool, then picked per level.
+        let definitions: BTreeMap<&str, [ToolDefinition; 3]> = catalog
+            .tools()
+            .iter()
+            .map(|tool| {
+                let name = tool.descriptor.name;
+                let define = |provider| {
+                    catalog::define(provider, name, &tool.description, &tool.input_schema)
+                };
+                (name, Provider::ALL.map(define))
+            })
+            .collect();
         Documents {
             levels: TrustLevel::ALL
-                .map(|trust| LevelDocuments::build(name, catalog, features, trust)),
+                .map(|trust| LevelDocuments::build(name, catalog, &definitions, features, trust)),
         }
     }
 
@@ -122,7 +155,17 @@ impl Documents {
 }
 
 impl LevelDocuments {
-    fn build(name: &str, catalog: &Catalog, features: Features, trust: TrustLevel) -> Self {
+    fn build(
+        name: &str,
+        catalog: &Catalog,
+        definitions: &BTreeMap<&str, [ToolDefinition; 3]>,
+        features: Features,
+        trust: TrustLevel,
+    ) -> Self {
+        let visible: Vec<&[ToolDefinition; 3]> = catalog
+            .visible_to(trust)
+            .map(|tool| &definitions[tool.descriptor.name])
+            .collect();
         let Features { mcp, bearer } = features;
         let tools = catalog
             .visible_to(trust)
@@ -164,10 +207,24 @@ impl LevelDocuments {
                 mcp,
             },
         ));
+        let providers = Provider::ALL.map(|provider| {
+            let index = provider.index();
+            Document::new(&ProviderBody {
+                format: provider.as_str(),
+                tools: visible.iter().map(|tool| &tool[index].definition).collect(),
+                lossy: visible
+                    .iter()
+                    .map(|tool| &tool[index])
+                    .filter(|definition| !definition.lossy.is_empty())
+                    .map(|definition| (definition.name, definition.lossy.as_slice()))
+                    .collect(),
+            })
+        });
         LevelDocuments {
             discovery,
             catalog: catalog_document,
             openapi,
+            providers,
         }
     }
 }
@@ -214,12 +271,32 @@ pub(crate) async fn discovery(State(current): State<Current>, request: Request) 
         .respond(request.headers())
 }
 
+/// The catalog, or with `?format=` the provider definitions; an unknown format is a `400`.
 pub(crate) async fn catalog(State(current): State<Current>, request: Request) -> Response {
-    Settings::of(request.extensions(), &current)
-        .documents
-        .for_caller(request.extensions())
-        .catalog
-        .respond(request.headers())
+    let settings = Settings::of(request.extensions(), &current);
+    let level = settings.documents.for_caller(request.extensions());
+    let document = match requested_format(request.uri()) {
+        Ok(None) => &level.catalog,
+        Ok(Some(provider)) => &level.providers[provider.index()],
+        Err(error) => return error.into_response(),
+    };
+    document.respond(request.headers())
+}
+
+/// The provider named by `?format=`, if any.
+fn requested_format(uri: &axum::http::Uri) -> Result<Option<Provider>, ToolError> {
+    let unsupported = || {
+        ToolError::invalid_request("`format` must be one of the supported provider formats")
+            .details(serde_json::json!({
+                "reason": "`format` must be one of the supported provider formats",
+                "supported": Provider::ALL.map(Provider::as_str),
+            }))
+    };
+    let Query(query) = Query::<CatalogQuery>::try_from_uri(uri).map_err(|_| unsupported())?;
+    query
+        .format
+        .map(|name| Provider::from_name(&name).ok_or_else(unsupported))
+        .transpose()
 }
 
 /// `If-None-Match` uses weak comparison (RFC 9110 §13.1.2): `W/` prefixes are ignored, `*`

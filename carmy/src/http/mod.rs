@@ -6,6 +6,7 @@ mod documents;
 pub(crate) mod error;
 mod execute;
 mod health;
+mod metrics;
 mod openapi;
 
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{any, get, post};
 
+use crate::principal::TrustLevel;
 use crate::reload::Reloader;
 use crate::runtime::Runtime;
 use crate::settings::Current;
@@ -22,6 +24,7 @@ use crate::wire::{codes, paths};
 
 pub(crate) use documents::{Documents, Features};
 pub(crate) use health::is_probe;
+pub(crate) use metrics::{METRICS_PATH, observe};
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
 #[derive(Clone)]
@@ -30,6 +33,8 @@ pub(crate) struct HttpSettings {
     pub(crate) keep_alive: Duration,
     /// How long a request body may take to arrive, from the end of its head.
     pub(crate) body_timeout: Duration,
+    /// The least trusted caller that may read `/metrics` (when metrics are on).
+    pub(crate) metrics_trust: TrustLevel,
 }
 
 impl Default for HttpSettings {
@@ -37,6 +42,7 @@ impl Default for HttpSettings {
         HttpSettings {
             keep_alive: Duration::from_secs(15),
             body_timeout: crate::serve::MAX_BODY_TIMEOUT,
+            metrics_trust: TrustLevel::Anonymous,
         }
     }
 }
@@ -53,6 +59,9 @@ pub(crate) fn router(
     mcp: bool,
 ) -> Router {
     let health = health::router(runtime.health().clone());
+    let metrics = runtime
+        .metrics()
+        .map(|metrics| metrics::router(Arc::clone(metrics), settings.metrics_trust));
     let documents = Router::new()
         .route(paths::DISCOVERY, get(documents::discovery))
         .route(paths::CATALOG, get(documents::catalog))
@@ -70,6 +79,7 @@ pub(crate) fn router(
         .merge(execute)
         .merge(health)
         .merge(admin::router(reloader))
+        .merge(metrics.unwrap_or_default())
         .method_not_allowed_fallback(method_not_allowed);
     let mut owned = vec!["/agent", "/agent/{*rest}", "/.well-known/agent/{*rest}"];
     if mcp {

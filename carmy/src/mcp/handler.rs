@@ -14,18 +14,22 @@ use rmcp::model::{
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
+use tracing::Instrument;
 
 use super::tools::{self, LIST_TTL_MS};
 use crate::context::{Event, EventReceiver, event_channel};
 use crate::principal::Principal;
 use crate::runtime::{self, Call, Outcome, Runtime};
 use crate::settings::{Current, Settings};
+use crate::telemetry::{self, TraceParent};
 use crate::tool_error::ToolError;
 use crate::wire::codes;
 
 /// The `_meta` key of a `tools/call` that carries the idempotency key, as `request_id` does
 /// over HTTP.
 pub(crate) const REQUEST_ID_META_KEY: &str = "dev.carmy/request_id";
+/// The `_meta` key of the caller's W3C trace context, as the MCP semantic conventions name it.
+const TRACEPARENT_META_KEY: &str = "traceparent";
 
 /// The protocol revisions served: the stateless 2026-07-28 and the `initialize` generations
 /// that have structured tool output.
@@ -120,7 +124,27 @@ impl ServerHandler for McpHandler {
         )
     }
 
+    /// Each call is a `tools/call {tool}` span, in the caller's trace when its `_meta` carries
+    /// a W3C `traceparent`.
     async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let parent = context
+            .meta
+            .0
+            .get(TRACEPARENT_META_KEY)
+            .and_then(Value::as_str)
+            .and_then(TraceParent::parse);
+        let span = telemetry::mcp_span("tools/call", &request.name, parent.as_ref());
+        self.call(request, context).instrument(span).await
+    }
+}
+
+impl McpHandler {
+    /// `tools/call`, through the runtime.
+    async fn call(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,

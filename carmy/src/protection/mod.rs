@@ -18,9 +18,10 @@ use axum::response::Response;
 use serde_json::json;
 
 use crate::auth::{self, Authenticator};
-use crate::http::is_probe;
+use crate::http::{METRICS_PATH, is_probe};
 use crate::principal::{Principal, TrustLevel};
 use crate::settings::Current;
+use crate::telemetry::Metrics;
 use crate::tool_error::ToolError;
 use crate::wire::{
     CARMY_REPLAYED, CARMY_VERSION, IDEMPOTENCY_KEY, LAST_EVENT_ID, MCP_METHOD, MCP_NAME,
@@ -64,6 +65,8 @@ pub(crate) struct Protection {
     /// preflight never grants what the request is then refused; empty turns CORS off.
     pub(crate) cors_origins: Vec<String>,
     pub(crate) security_headers: bool,
+    /// Counts refusals by a rate limit, when metrics are on.
+    pub(crate) metrics: Option<Arc<Metrics>>,
 }
 
 impl Default for Protection {
@@ -75,6 +78,7 @@ impl Default for Protection {
             trust_forwarded_for: false,
             cors_origins: Vec::new(),
             security_headers: false,
+            metrics: None,
         }
     }
 }
@@ -107,11 +111,17 @@ impl Protection {
         }
         let (mut parts, body) = request.into_parts();
         let principal = auth::principal_of(&parts, self.authenticator.as_deref()).await?;
-        // Probes (`/agent/health…`) spend no budget: an orchestrator polls them all day.
-        let limit = self.limits[principal.trust().index()].filter(|_| !is_probe(parts.uri.path()));
+        // Probes (`/agent/health…`) and scrapes spend no budget: an orchestrator polls them all
+        // day.
+        let path = parts.uri.path();
+        let unmetered = is_probe(path) || path == METRICS_PATH;
+        let limit = self.limits[principal.trust().index()].filter(|_| !unmetered);
         if let Some(limit) = limit {
             let key = self.rate_key(&principal, &parts.headers, &parts.extensions);
             if let Decision::Limited { retry_after } = self.limiter.check(&key, limit).await? {
+                if let Some(metrics) = &self.metrics {
+                    metrics.rate_limited(principal.trust());
+                }
                 return Err(ToolError::capacity(
                     codes::RATE_LIMITED,
                     "too many requests; retry later",

@@ -10,9 +10,11 @@
 mod watch;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
@@ -64,20 +66,32 @@ pub struct Reloads {
 
 #[derive(Debug)]
 struct ReloadsInner {
-    applied: AtomicU64,
-    unchanged: AtomicU64,
-    failed: AtomicU64,
-    restart_required: AtomicU64,
+    /// By result; `/metrics` exposes the same family as `carmy_config_reloads_total`.
+    counts: Family<ReloadResult, Counter>,
     events: broadcast::Sender<ToolsChanged>,
+}
+
+/// The label of a reload's result.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReloadResult {
+    result: &'static str,
+}
+
+impl ReloadResult {
+    const APPLIED: Self = ReloadResult { result: "applied" };
+    const UNCHANGED: Self = ReloadResult {
+        result: "unchanged",
+    };
+    const FAILED: Self = ReloadResult { result: "failed" };
+    const RESTART_REQUIRED: Self = ReloadResult {
+        result: "restart_required",
+    };
 }
 
 impl Default for ReloadsInner {
     fn default() -> Self {
         ReloadsInner {
-            applied: AtomicU64::new(0),
-            unchanged: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            restart_required: AtomicU64::new(0),
+            counts: Family::default(),
             events: broadcast::channel(EVENT_BUFFER).0,
         }
     }
@@ -86,13 +100,18 @@ impl Default for ReloadsInner {
 impl Reloads {
     /// The counts now.
     pub fn counts(&self) -> ReloadCounts {
-        let inner = &self.inner;
+        let count = |result| self.inner.counts.get_or_create(&result).get();
         ReloadCounts {
-            applied: inner.applied.load(Ordering::Relaxed),
-            unchanged: inner.unchanged.load(Ordering::Relaxed),
-            failed: inner.failed.load(Ordering::Relaxed),
-            restart_required: inner.restart_required.load(Ordering::Relaxed),
+            applied: count(ReloadResult::APPLIED),
+            unchanged: count(ReloadResult::UNCHANGED),
+            failed: count(ReloadResult::FAILED),
+            restart_required: count(ReloadResult::RESTART_REQUIRED),
         }
+    }
+
+    /// The counts as a metric family, shared with these reloads.
+    pub(crate) fn family(&self) -> Family<ReloadResult, Counter> {
+        self.inner.counts.clone()
     }
 
     /// Receives every `tools.changed` event from now on.
@@ -101,13 +120,13 @@ impl Reloads {
     }
 
     fn count(&self, outcome: &Result<Reloaded, ReloadError>) {
-        let counter = match outcome {
-            Ok(Reloaded::Applied { .. }) => &self.inner.applied,
-            Ok(Reloaded::Unchanged) => &self.inner.unchanged,
-            Err(ReloadError::RestartRequired { .. }) => &self.inner.restart_required,
-            Err(ReloadError::NoFile | ReloadError::Invalid(_)) => &self.inner.failed,
+        let result = match outcome {
+            Ok(Reloaded::Applied { .. }) => ReloadResult::APPLIED,
+            Ok(Reloaded::Unchanged) => ReloadResult::UNCHANGED,
+            Err(ReloadError::RestartRequired { .. }) => ReloadResult::RESTART_REQUIRED,
+            Err(ReloadError::NoFile | ReloadError::Invalid(_)) => ReloadResult::FAILED,
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        self.inner.counts.get_or_create(&result).inc();
     }
 }
 

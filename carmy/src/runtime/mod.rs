@@ -31,7 +31,9 @@ use crate::idempotency::{
     Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoredResponse,
 };
 use crate::principal::{Principal, TrustLevel};
+use crate::reload::Reloads;
 use crate::state::StateMap;
+use crate::telemetry::{self, Metrics};
 use crate::tool::{Confirmation, Invocation, ToolDescriptor};
 use crate::tool_error::{Category, ToolError, clip};
 use crate::wire::codes;
@@ -45,6 +47,8 @@ pub(crate) struct Settings {
     pub(crate) default_timeout: Duration,
     pub(crate) max_in_flight: usize,
     pub(crate) record_ttl: Duration,
+    /// Whether executions are counted for `/metrics`.
+    pub(crate) metrics: bool,
 }
 
 impl Default for Settings {
@@ -53,6 +57,7 @@ impl Default for Settings {
             default_timeout: Duration::from_secs(30),
             max_in_flight: 1_024,
             record_ttl: Duration::from_secs(24 * 60 * 60),
+            metrics: false,
         }
     }
 }
@@ -126,6 +131,8 @@ pub(crate) struct Runtime {
     tasks: TaskTracker,
     logs: StoreLogs,
     health: Health,
+    /// `None` when metrics are off: nothing is counted.
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// One rate limit per log line about the store: an outage fails every call.
@@ -192,7 +199,9 @@ impl Runtime {
         store: Arc<dyn IdempotencyStore>,
         settings: Settings,
         health: Health,
+        reloads: &Reloads,
     ) -> Self {
+        let metrics = settings.metrics.then(|| Arc::new(Metrics::new(reloads)));
         let serial = catalog
             .tools()
             .iter()
@@ -209,11 +218,17 @@ impl Runtime {
             tasks: TaskTracker::new(),
             logs: StoreLogs::default(),
             health,
+            metrics,
         }
     }
 
     pub(crate) fn health(&self) -> &Health {
         &self.health
+    }
+
+    /// The app's metrics, when they are on.
+    pub(crate) fn metrics(&self) -> Option<&Arc<Metrics>> {
+        self.metrics.as_ref()
     }
 
     /// Cancels every execution still running.
@@ -243,16 +258,14 @@ impl Runtime {
         events: Option<EventSender>,
     ) -> Outcome {
         let execution_id: Arc<str> = format!("exec_{}", uuid::Uuid::now_v7()).into();
-        let span = tracing::info_span!(
-            "carmy.execution",
-            execution_id = &*execution_id,
-            request_id = call.request_id.as_deref(),
-            tool = call.tool.as_str(),
-            effect = tracing::field::Empty,
-            status = tracing::field::Empty,
-            duration_ms = tracing::field::Empty,
-            error_code = tracing::field::Empty,
-        );
+        let span = telemetry::execution_span(&execution_id, call.request_id.as_deref(), &call.tool);
+        // The catalog's name, for the metrics' label: never the caller's text, and none for a
+        // tool hidden from the caller, which to them does not exist.
+        let tool = self.metrics.as_ref().and_then(|_| {
+            let trust = call.principal.trust();
+            let tool = call.catalog.get_visible(&call.tool, trust)?;
+            Some(tool.descriptor.name)
+        });
         let started = Instant::now();
         let outcome = match self.prepare(call, execution_id.clone()) {
             Err(rejected) => {
@@ -289,6 +302,10 @@ impl Runtime {
             }
         };
         record_span(&span, &outcome, started);
+        if let Some(metrics) = &self.metrics {
+            let status = outcome.response.status;
+            metrics.execution_answered(tool, status, outcome.replayed, started.elapsed());
+        }
         outcome
     }
 
@@ -380,7 +397,9 @@ impl Runtime {
             );
         };
         emit_started(events.as_ref(), &prepared.execution_id, prepared.tool.name);
+        let running = self.metrics.as_deref().map(Metrics::execution_running);
         let ran = self.invoke(&prepared, &cancel, events.as_ref()).await;
+        drop(running);
         self.conclude(&prepared, ran, events.as_ref()).await
     }
 

@@ -1,0 +1,235 @@
+//! The Prometheus metrics of one app (`protocol.md` §11), named after the OpenTelemetry
+//! semantic conventions. Label values are `'static` names from the catalog and the protocol, or
+//! axum's matched route, never raw input, so no request can add a series.
+//!
+//! Adding a metric: a field here, one `register` line in [`Metrics::new`], and a method that
+//! records it.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::principal::TrustLevel;
+use crate::reload::Reloads;
+use crate::runtime::ExecutionStatus;
+
+/// The bucket boundaries (seconds) the semantic conventions advise for
+/// `http.server.request.duration`.
+const HTTP_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+/// Executions: the same, on to the longest tool deadlines.
+const EXECUTION_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0,
+];
+
+/// The exposition formats `/metrics` speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// The Prometheus text format, version 0.0.4.
+    Prometheus,
+    /// OpenMetrics 1.0 text.
+    OpenMetrics,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    http_request_method: &'static str,
+    /// The route template that matched (`/agent/tools`), or empty: no route matched.
+    http_route: String,
+    http_response_status_code: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ExecutionLabels {
+    /// Empty when the call named no tool of the catalog.
+    tool: &'static str,
+    status: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    tool: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TrustLabels {
+    trust: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// The metrics of one app and the registry that exposes them.
+pub(crate) struct Metrics {
+    registry: Registry,
+    http_duration: HistogramFamily<HttpLabels>,
+    http_active: Gauge,
+    executions: Family<ExecutionLabels, Counter>,
+    execution_duration: HistogramFamily<ToolLabels>,
+    in_flight: Gauge,
+    replays: Counter,
+    rate_limited: Family<TrustLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// `reloads`: the configuration reloads, counted where they happen.
+    pub(crate) fn new(reloads: &Reloads) -> Self {
+        let metrics = Metrics {
+            registry: Registry::default(),
+            http_duration: Family::new_with_constructor(|| Histogram::new(HTTP_BUCKETS)),
+            http_active: Gauge::default(),
+            executions: Family::default(),
+            execution_duration: Family::new_with_constructor(|| Histogram::new(EXECUTION_BUCKETS)),
+            in_flight: Gauge::default(),
+            replays: Counter::default(),
+            rate_limited: Family::default(),
+        };
+        let mut registry = metrics.registry;
+        registry.register_with_unit(
+            "http_server_request_duration",
+            "Duration of HTTP server requests",
+            Unit::Seconds,
+            metrics.http_duration.clone(),
+        );
+        registry.register(
+            "http_server_active_requests",
+            "Number of active HTTP server requests",
+            metrics.http_active.clone(),
+        );
+        registry.register(
+            "carmy_executions",
+            "Tool executions, by tool and final status",
+            metrics.executions.clone(),
+        );
+        registry.register_with_unit(
+            "carmy_execution_duration",
+            "Duration of tool executions, replays and refusals included",
+            Unit::Seconds,
+            metrics.execution_duration.clone(),
+        );
+        registry.register(
+            "carmy_executions_in_flight",
+            "Tools running now",
+            metrics.in_flight.clone(),
+        );
+        registry.register(
+            "carmy_idempotency_replays",
+            "Calls answered with the recorded response of an earlier call",
+            metrics.replays.clone(),
+        );
+        registry.register(
+            "carmy_rate_limited",
+            "Requests refused by a rate limit, by the caller's trust level",
+            metrics.rate_limited.clone(),
+        );
+        registry.register(
+            "carmy_config_reloads",
+            "Configuration reloads, by result",
+            reloads.family(),
+        );
+        Metrics {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// The registry in `format`.
+    pub(crate) fn encode(&self, format: Format) -> String {
+        let mut text = String::new();
+        let encoded = match format {
+            Format::Prometheus => {
+                prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry)
+            }
+            Format::OpenMetrics => {
+                prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            }
+        };
+        encoded.expect("writing to a String cannot fail");
+        text
+    }
+
+    /// An HTTP request began; it counts as active until the guard is dropped.
+    pub(crate) fn http_request(&self) -> Active<'_> {
+        self.http_active.inc();
+        Active(&self.http_active)
+    }
+
+    /// An HTTP request was answered. `method`: a known method's name or `_OTHER`; `route`: the
+    /// template that matched, if any.
+    pub(crate) fn http_answered(
+        &self,
+        method: &'static str,
+        route: Option<&str>,
+        status: u16,
+        elapsed: Duration,
+    ) {
+        let labels = HttpLabels {
+            http_request_method: method,
+            http_route: route.unwrap_or_default().to_owned(),
+            http_response_status_code: status,
+        };
+        self.http_duration
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// A tool started running; it counts as in flight until the guard is dropped.
+    pub(crate) fn execution_running(&self) -> Active<'_> {
+        self.in_flight.inc();
+        Active(&self.in_flight)
+    }
+
+    /// A call was answered. `tool`: the catalog's name, or `None` for a tool that does not
+    /// exist.
+    pub(crate) fn execution_answered(
+        &self,
+        tool: Option<&'static str>,
+        status: ExecutionStatus,
+        replayed: bool,
+        elapsed: Duration,
+    ) {
+        let tool = tool.unwrap_or_default();
+        self.executions
+            .get_or_create(&ExecutionLabels {
+                tool,
+                status: status.as_str(),
+            })
+            .inc();
+        self.execution_duration
+            .get_or_create(&ToolLabels { tool })
+            .observe(elapsed.as_secs_f64());
+        if replayed {
+            self.replays.inc();
+        }
+    }
+
+    /// A request was refused by the rate limit of `trust`.
+    pub(crate) fn rate_limited(&self, trust: TrustLevel) {
+        self.rate_limited
+            .get_or_create(&TrustLabels {
+                trust: trust.as_str(),
+            })
+            .inc();
+    }
+}
+
+/// Decrements a gauge when dropped.
+#[derive(Debug)]
+pub(crate) struct Active<'a>(&'a Gauge);
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
