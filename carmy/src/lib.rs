@@ -8,6 +8,7 @@ mod catalog;
 pub mod config;
 mod context;
 mod error;
+mod executions;
 pub mod health;
 mod http;
 pub mod idempotency;
@@ -35,7 +36,7 @@ pub use runtime::ExecutionStatus;
 pub use schema_trait::*;
 pub use serve::{Server, shutdown_signal};
 pub use state::State;
-pub use tool::{Confirmation, Effect, ToolDescriptor};
+pub use tool::{Confirmation, Effect, Mode, ToolDescriptor};
 pub use tool_error::{Category, IntoToolError, ToolError};
 
 /// The `JsonSchema` trait; the glob lets `carmy_macros::JsonSchema` take the macro namespace.
@@ -54,7 +55,7 @@ pub mod __private {
     pub use crate::schema::{input_schema, no_input_schema, output_schema};
     pub use crate::state::State;
     pub use crate::tool::{
-        CallFuture, Confirmation, Effect, Invocation, Output, Registration, StateRequirement,
+        CallFuture, Confirmation, Effect, Invocation, Mode, Output, Registration, StateRequirement,
         ToolDescriptor, input, ok_or_tool_error, serialize_output,
     };
     pub use crate::tool_error::ToolError;

@@ -161,7 +161,7 @@ pub(crate) async fn waiters_are_woken(store: Arc<dyn IdempotencyStore>) {
         reserve(&*store, &k, &fp, "exec_w").await,
         Reservation::Reserved
     ));
-    let Reservation::Running { changed } = reserve(&*store, &k, &fp, "exec_2").await else {
+    let Reservation::Running { changed, .. } = reserve(&*store, &k, &fp, "exec_2").await else {
         panic!("expected running");
     };
     let finisher = {

@@ -16,15 +16,23 @@ use sha2::{Digest, Sha256};
 use crate::auth::hex;
 use crate::catalog::Catalog;
 use crate::principal::{Principal, TrustLevel};
-use crate::tool::{Confirmation, Effect};
+use crate::tool::{Confirmation, Effect, Mode};
 use crate::wire::JSON;
 
 pub(crate) const DISCOVERY_PATH: &str = "/.well-known/agent";
 pub(crate) const CATALOG_PATH: &str = "/agent/tools";
 pub(crate) const EXECUTE_PATH: &str = "/agent/execute";
 const PROTOCOL: &str = "carmy/1";
-const CAPABILITIES: &[&str] = &["tools", "streaming", "idempotency", "health"];
-const CAPABILITIES_WITH_MCP: &[&str] = &["tools", "streaming", "idempotency", "mcp", "health"];
+pub(crate) const EXECUTIONS_PATH: &str = "/agent/executions";
+const CAPABILITIES: &[&str] = &["tools", "streaming", "idempotency", "health", "executions"];
+const CAPABILITIES_WITH_MCP: &[&str] = &[
+    "tools",
+    "streaming",
+    "idempotency",
+    "mcp",
+    "health",
+    "executions",
+];
 /// Where MCP is served, when it is.
 pub(crate) const MCP_PATH: &str = "/mcp";
 
@@ -64,6 +72,7 @@ struct DiscoveryBody<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     mcp_url: Option<&'static str>,
     health_url: &'static str,
+    executions_url: &'static str,
 }
 
 #[derive(Serialize)]
@@ -81,6 +90,7 @@ struct CatalogEntry<'a> {
     idempotent: bool,
     parallel_safe: bool,
     confirmation: Confirmation,
+    mode: Mode,
     #[serde(skip_serializing_if = "Option::is_none")]
     timeout_ms: Option<u128>,
 }
@@ -114,6 +124,7 @@ impl LevelDocuments {
                 idempotent: tool.descriptor.idempotent,
                 parallel_safe: tool.descriptor.parallel_safe,
                 confirmation: tool.descriptor.confirmation,
+                mode: tool.descriptor.mode,
                 timeout_ms: tool.descriptor.timeout.map(|timeout| timeout.as_millis()),
             })
             .collect();
@@ -131,6 +142,7 @@ impl LevelDocuments {
             execute_url: EXECUTE_PATH,
             mcp_url: mcp.then_some(MCP_PATH),
             health_url: super::health::HEALTH_PATH,
+            executions_url: EXECUTIONS_PATH,
         });
         LevelDocuments { discovery, catalog }
     }

@@ -4,6 +4,7 @@
 mod documents;
 pub(crate) mod error;
 mod execute;
+mod executions;
 mod health;
 
 use std::sync::Arc;
@@ -54,6 +55,10 @@ pub(crate) fn router(
         .route(documents::DISCOVERY_PATH, get(documents::discovery))
         .route(documents::CATALOG_PATH, get(documents::catalog))
         .with_state(documents);
+    let executions = executions::router(executions::ExecutionsState {
+        executions: runtime.executions(),
+        keep_alive: settings.keep_alive,
+    });
     let execute = Router::new()
         .route(documents::EXECUTE_PATH, post(execute::execute))
         .with_state(execute::ExecuteState {
@@ -62,6 +67,7 @@ pub(crate) fn router(
         });
     let mut router = documents
         .merge(execute)
+        .merge(executions)
         .merge(health)
         .method_not_allowed_fallback(method_not_allowed);
     let mut owned = vec!["/agent", "/agent/{*rest}", "/.well-known/agent/{*rest}"];
