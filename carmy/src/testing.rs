@@ -32,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 use crate::app::App;
 use crate::context::Principal;
 use crate::error::Error;
-use crate::idempotency::ExecutionStatus;
 use crate::idempotency::Cancellation;
+use crate::idempotency::ExecutionStatus;
 use crate::runtime::{self, Answer, Call, Delivery, Outcome, Runtime};
 
 /// Calls an app's tools in-process.

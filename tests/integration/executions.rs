@@ -139,7 +139,10 @@ async fn respond_async_answers_202_and_the_lookup_gives_the_answer_byte_for_byte
     assert_eq!(keys, ["execution_id", "tool", "status", "created_at"]);
     assert_eq!(body["tool"], "chatty");
     assert_eq!(body["status"], "running");
-    assert!(body["created_at"].as_str().unwrap().ends_with('Z'), "{body}");
+    assert!(
+        body["created_at"].as_str().unwrap().ends_with('Z'),
+        "{body}"
+    );
 
     let running = send(&router, request("GET", &location, &[ALICE])).await;
     assert_eq!(running.status, StatusCode::OK);
@@ -152,7 +155,10 @@ async fn respond_async_answers_202_and_the_lookup_gives_the_answer_byte_for_byte
     assert_eq!(ended.json()["data"], json!({ "reports": 3 }));
     let replay = start(&router, &call, &[ALICE]).await;
     assert_eq!(replay.header("carmy-replayed"), Some("true"));
-    assert_eq!(replay.body, ended.body, "the lookup is the answer, byte for byte");
+    assert_eq!(
+        replay.body, ended.body,
+        "the lookup is the answer, byte for byte"
+    );
     // A duplicate async start with the same request_id once finished gets the record.
     let again = start(&router, &call, &[ALICE, ASYNC]).await;
     assert_eq!(again.status, StatusCode::OK);
@@ -222,7 +228,11 @@ async fn re_attaching_replays_the_events_with_their_ids_keeping_the_latest_100_p
         json!({ "execution_id": id, "tool": "chatty" })
     );
     let progress: Vec<_> = events[1..events.len() - 1].iter().collect();
-    assert_eq!(progress.len(), 100, "the latest 100 progress events are kept");
+    assert_eq!(
+        progress.len(),
+        100,
+        "the latest 100 progress events are kept"
+    );
     let ids: Vec<u64> = progress
         .iter()
         .map(|event| event.id.as_deref().unwrap().parse().unwrap())
@@ -297,16 +307,26 @@ async fn the_list_is_the_callers_own_newest_first_a_page_at_a_time() {
         let accepted = start(&router, &chatter(0, millis), &[ALICE, ASYNC]).await;
         ids.push(accepted.json()["execution_id"].as_str().unwrap().to_owned());
     }
-    let with_request_id = json!({ "tool": "echo", "arguments": { "text": "hi" }, "request_id": "e-1" });
+    let with_request_id =
+        json!({ "tool": "echo", "arguments": { "text": "hi" }, "request_id": "e-1" });
     let sync = start(&router, &with_request_id, &[ALICE]).await;
     ids.push(sync.json()["execution_id"].as_str().unwrap().to_owned());
     // Neither a plain synchronous call nor another caller's execution is listed.
-    start(&router, &json!({ "tool": "echo", "arguments": { "text": "x" } }), &[ALICE]).await;
+    start(
+        &router,
+        &json!({ "tool": "echo", "arguments": { "text": "x" } }),
+        &[ALICE],
+    )
+    .await;
     start(&router, &chatter(0, 0), &[BOB, ASYNC]).await;
     start(&router, &chatter(0, 0), &[ROOT, ASYNC]).await;
     wait_ended(&router, &format!("/agent/executions/{}", ids[1]), ALICE).await;
 
-    let first = send(&router, request("GET", "/agent/executions?limit=3", &[ALICE])).await;
+    let first = send(
+        &router,
+        request("GET", "/agent/executions?limit=3", &[ALICE]),
+    )
+    .await;
     assert_eq!(first.status, StatusCode::OK);
     let page = first.json();
     let listed: Vec<_> = page["executions"]
@@ -323,7 +343,11 @@ async fn the_list_is_the_callers_own_newest_first_a_page_at_a_time() {
     let cursor = page["next_cursor"].as_str().unwrap();
     let second = send(
         &router,
-        request("GET", &format!("/agent/executions?limit=3&cursor={cursor}"), &[ALICE]),
+        request(
+            "GET",
+            &format!("/agent/executions?limit=3&cursor={cursor}"),
+            &[ALICE],
+        ),
     )
     .await
     .json();
@@ -352,7 +376,11 @@ async fn the_list_is_the_callers_own_newest_first_a_page_at_a_time() {
         .await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{query}");
         assert_eq!(answer.json()["error"]["code"], "INVALID_REQUEST", "{query}");
-        assert_eq!(answer.json()["error"]["details"]["parameter"], parameter, "{query}");
+        assert_eq!(
+            answer.json()["error"]["details"]["parameter"],
+            parameter,
+            "{query}"
+        );
     }
 }
 
@@ -376,12 +404,19 @@ async fn a_tools_mode_decides_whether_it_answers_202() {
 
     // Other preferences are ignored; respond-async among them applies.
     let call = chatter(0, 0);
-    let mixed = start(&router, &call, &[ALICE, ("prefer", "handling=lenient, respond-async; x=1")]).await;
+    let mixed = start(
+        &router,
+        &call,
+        &[ALICE, ("prefer", "handling=lenient, respond-async; x=1")],
+    )
+    .await;
     assert_eq!(mixed.status, StatusCode::ACCEPTED);
     let other = start(&router, &call, &[ALICE, ("prefer", "return=minimal")]).await;
     assert_eq!(other.status, StatusCode::OK);
 
-    let catalog = send(&router, request("GET", "/agent/tools", &[ALICE])).await.json();
+    let catalog = send(&router, request("GET", "/agent/tools", &[ALICE]))
+        .await
+        .json();
     let mode = |name: &str| {
         catalog["tools"]
             .as_array()
@@ -400,7 +435,8 @@ async fn a_tools_mode_decides_whether_it_answers_202() {
 async fn a_thousand_concurrent_async_starts_with_one_request_id_are_one_execution() {
     let probe = Probe::default();
     let router = app(&probe).router().unwrap();
-    let call = json!({ "tool": "slow_write", "arguments": { "millis": 300 }, "request_id": "once" });
+    let call =
+        json!({ "tool": "slow_write", "arguments": { "millis": 300 }, "request_id": "once" });
     let starts = (0..1_000).map(|_| {
         let router = router.clone();
         let call = call.clone();

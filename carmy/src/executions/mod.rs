@@ -123,9 +123,7 @@ impl Executions {
             .map_err(|error| unavailable(&error))?;
         let next_cursor = if executions.len() > page_size {
             executions.truncate(page_size);
-            executions
-                .last()
-                .map(|last| last.execution_id.to_string())
+            executions.last().map(|last| last.execution_id.to_string())
         } else {
             None
         };

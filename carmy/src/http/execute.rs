@@ -20,11 +20,11 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::documents::EXECUTIONS_PATH;
 use super::error::status_for;
 use crate::context::{Event, EventReceiver, event_channel};
-use crate::principal::Principal;
-use super::documents::EXECUTIONS_PATH;
 use crate::executions::running_body;
+use crate::principal::Principal;
 use crate::runtime::{self, Accepted, Answer, Call, Delivery, Outcome, Runtime, response};
 use crate::tool_error::{ToolError, clip, retry_after_secs};
 use crate::wire::{

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::Router;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
@@ -12,7 +13,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
 use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::json;
@@ -100,7 +100,10 @@ async fn lookup(
         // The answer exactly as the call gave it.
         Some(ended) => {
             let response = ended.response;
-            json_answer(status_for(response.category, response.code.as_deref()), response.body)
+            json_answer(
+                status_for(response.category, response.code.as_deref()),
+                response.body,
+            )
         }
         None => running(
             StatusCode::OK,
@@ -248,7 +251,10 @@ fn list_query(parameters: &HashMap<String, String>) -> Result<ExecutionQuery, To
             .ok()
             .filter(|limit| (1..=MAX_PAGE).contains(limit))
             .ok_or_else(|| {
-                bad_parameter("limit", &format!("limit must be a whole number from 1 to {MAX_PAGE}"))
+                bad_parameter(
+                    "limit",
+                    &format!("limit must be a whole number from 1 to {MAX_PAGE}"),
+                )
             })?,
     };
     let before = parameters

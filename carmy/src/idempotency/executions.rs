@@ -14,7 +14,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{ExecutionStatus, StoredResponse};
+use super::{ExecutionStatus, StoreError, StoredResponse};
 
 /// Progress events kept per execution: the latest ones (older progress is dropped; the start
 /// and the end are always kept).
@@ -173,15 +173,15 @@ impl Kept {
                 .map(|event| event.data.len() + size_of::<RecordedEvent>())
                 .sum::<usize>()
             + self.outcome.as_ref().map_or(0, |outcome| {
-                outcome.response.body.len()
-                    + outcome.response.code.as_deref().map_or(0, str::len)
+                outcome.response.body.len() + outcome.response.code.as_deref().map_or(0, str::len)
             })
     }
 }
 
-/// The store could not keep one more execution: all it holds are running.
-#[derive(Debug)]
-pub(crate) struct ExecutionsFull;
+/// An answer the in-process store has at once.
+fn ready<T: Send + 'static>(value: T) -> BoxFuture<'static, Result<T, StoreError>> {
+    Box::pin(std::future::ready(Ok(value)))
+}
 
 impl ProcessExecutions {
     pub(crate) fn new(max_bytes: usize) -> Self {
@@ -209,7 +209,7 @@ impl ProcessExecutions {
         execution_id: &Arc<str>,
         tool: &str,
         lease: Duration,
-    ) -> Result<(), ExecutionsFull> {
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
         let now = Instant::now();
         let mut executions = self.lock();
         executions.expire_ended(now);
@@ -226,7 +226,9 @@ impl ProcessExecutions {
         };
         kept.bytes = kept.weight(execution_id);
         if !executions.make_room(kept.bytes, self.max_bytes) {
-            return Err(ExecutionsFull);
+            return Box::pin(std::future::ready(Err(StoreError::message(
+                "the store is full of running executions",
+            ))));
         }
         executions.bytes += kept.bytes;
         executions
@@ -235,18 +237,22 @@ impl ProcessExecutions {
             .or_default()
             .insert(Arc::clone(execution_id), ());
         executions.by_id.insert(Arc::clone(execution_id), kept);
-        Ok(())
+        ready(())
     }
 
-    pub(crate) fn progress(&self, execution_id: &str, event: RecordedEvent) {
+    pub(crate) fn progress(
+        &self,
+        execution_id: &str,
+        event: RecordedEvent,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
         let mut executions = self.lock();
         let Executions { by_id, bytes, .. } = &mut *executions;
-        let Some(kept) = by_id.get_mut(execution_id) else {
-            return;
+        let Some(kept) = by_id
+            .get_mut(execution_id)
+            .filter(|kept| kept.outcome.is_none())
+        else {
+            return ready(());
         };
-        if kept.outcome.is_some() {
-            return;
-        }
         kept.progress.push_back(event);
         if kept.progress.len() > KEPT_PROGRESS {
             kept.progress.pop_front();
@@ -255,9 +261,15 @@ impl ProcessExecutions {
         *bytes = *bytes - kept.bytes + weight;
         kept.bytes = weight;
         kept.changed.send_replace(());
+        ready(())
     }
 
-    pub(crate) fn end(&self, execution_id: &str, outcome: RecordedOutcome, ttl: Duration) {
+    pub(crate) fn end(
+        &self,
+        execution_id: &str,
+        outcome: RecordedOutcome,
+        ttl: Duration,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
         let now = Instant::now();
         let mut executions = self.lock();
         let Some(id) = executions
@@ -265,10 +277,14 @@ impl ProcessExecutions {
             .get_key_value(execution_id)
             .map(|(id, _)| Arc::clone(id))
         else {
-            return;
+            return ready(());
         };
-        let Some(kept) = executions.by_id.get_mut(execution_id) else {
-            return;
+        let Some(kept) = executions
+            .by_id
+            .get_mut(execution_id)
+            .filter(|kept| kept.outcome.is_none())
+        else {
+            return ready(());
         };
         kept.outcome = Some(outcome);
         kept.expires_at = now + ttl;
@@ -279,13 +295,21 @@ impl ProcessExecutions {
         executions.ended.push_back(id);
         let max_bytes = self.max_bytes;
         executions.make_room(0, max_bytes);
+        ready(())
     }
 
-    pub(crate) fn get(&self, caller: &str, execution_id: &str) -> Option<ExecutionRecord> {
+    pub(crate) fn get(
+        &self,
+        caller: &str,
+        execution_id: &str,
+    ) -> BoxFuture<'static, Result<Option<ExecutionRecord>, StoreError>> {
+        ready(self.record(caller, execution_id))
+    }
+
+    fn record(&self, caller: &str, execution_id: &str) -> Option<ExecutionRecord> {
         let executions = self.lock();
         let (id, kept) = executions.by_id.get_key_value(execution_id)?;
-        if *kept.caller != *caller || kept.expires_at <= Instant::now() && kept.outcome.is_some()
-        {
+        if *kept.caller != *caller || kept.expires_at <= Instant::now() && kept.outcome.is_some() {
             return None;
         }
         Some(ExecutionRecord {
@@ -297,7 +321,15 @@ impl ProcessExecutions {
         })
     }
 
-    pub(crate) fn list(&self, caller: &str, query: &ExecutionQuery) -> Vec<ExecutionSummary> {
+    pub(crate) fn list(
+        &self,
+        caller: &str,
+        query: &ExecutionQuery,
+    ) -> BoxFuture<'static, Result<Vec<ExecutionSummary>, StoreError>> {
+        ready(self.summaries(caller, query))
+    }
+
+    fn summaries(&self, caller: &str, query: &ExecutionQuery) -> Vec<ExecutionSummary> {
         let now = Instant::now();
         let executions = self.lock();
         let Some(ids) = executions.by_caller.get(caller) else {
@@ -331,9 +363,13 @@ impl ProcessExecutions {
             .collect()
     }
 
-    pub(crate) fn cancel(&self, caller: &str, execution_id: &str) -> Cancellation {
+    pub(crate) fn cancel(
+        &self,
+        caller: &str,
+        execution_id: &str,
+    ) -> BoxFuture<'static, Result<Cancellation, StoreError>> {
         let mut executions = self.lock();
-        match executions.by_id.get_mut(execution_id) {
+        let found = match executions.by_id.get_mut(execution_id) {
             Some(kept) if *kept.caller == *caller => {
                 if kept.outcome.is_some() {
                     Cancellation::Ended
@@ -344,7 +380,8 @@ impl ProcessExecutions {
                 }
             }
             _ => Cancellation::NotFound,
-        }
+        };
+        ready(found)
     }
 
     pub(crate) fn changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {

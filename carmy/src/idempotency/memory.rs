@@ -40,7 +40,7 @@ const MAX_SHARDS: usize = 64;
 /// It also keeps executions for their callers (`protocol.md` §9), for this process only:
 /// another replica cannot look them up. They have a byte bound of their own, `max_bytes` as
 /// well: when it is reached, the executions that ended first are dropped, never a running one,
-/// and a new execution that still does not fit is refused (`IDEMPOTENCY_CAPACITY`).
+/// and a new execution that still does not fit is refused (`503 IDEMPOTENCY_UNAVAILABLE`).
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     limits: Limits,
@@ -516,11 +516,7 @@ impl IdempotencyStore for MemoryStore {
         tool: &'a str,
         lease: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let begun = self
-            .executions
-            .begin(caller, execution_id, tool, lease)
-            .map_err(|_| StoreError::message("the memory store is full of running executions"));
-        Box::pin(std::future::ready(begun))
+        self.executions.begin(caller, execution_id, tool, lease)
     }
 
     fn record_progress<'a>(
@@ -528,8 +524,7 @@ impl IdempotencyStore for MemoryStore {
         execution_id: &'a str,
         event: RecordedEvent,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.executions.progress(execution_id, event);
-        Box::pin(std::future::ready(Ok(())))
+        self.executions.progress(execution_id, event)
     }
 
     fn end_execution<'a>(
@@ -538,8 +533,7 @@ impl IdempotencyStore for MemoryStore {
         outcome: RecordedOutcome,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.executions.end(execution_id, outcome, ttl);
-        Box::pin(std::future::ready(Ok(())))
+        self.executions.end(execution_id, outcome, ttl)
     }
 
     fn execution<'a>(
@@ -547,9 +541,7 @@ impl IdempotencyStore for MemoryStore {
         caller: &'a str,
         execution_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<ExecutionRecord>, StoreError>> {
-        Box::pin(std::future::ready(Ok(self
-            .executions
-            .get(caller, execution_id))))
+        self.executions.get(caller, execution_id)
     }
 
     fn executions<'a>(
@@ -557,7 +549,7 @@ impl IdempotencyStore for MemoryStore {
         caller: &'a str,
         query: &'a ExecutionQuery,
     ) -> BoxFuture<'a, Result<Vec<ExecutionSummary>, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.executions.list(caller, query))))
+        self.executions.list(caller, query)
     }
 
     fn cancel_execution<'a>(
@@ -565,9 +557,7 @@ impl IdempotencyStore for MemoryStore {
         caller: &'a str,
         execution_id: &'a str,
     ) -> BoxFuture<'a, Result<Cancellation, StoreError>> {
-        Box::pin(std::future::ready(Ok(self
-            .executions
-            .cancel(caller, execution_id))))
+        self.executions.cancel(caller, execution_id)
     }
 
     fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {

@@ -30,12 +30,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 
-pub use executions::{
-    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionState, ExecutionSummary,
-    KEPT_PROGRESS, RecordedEvent, RecordedOutcome,
-};
-pub(crate) use executions::ProcessExecutions;
 pub use connect::{IDEMPOTENCY_URL_VAR, connect, connect_from_env, connect_with};
+pub(crate) use executions::ProcessExecutions;
+pub use executions::{
+    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionState, ExecutionSummary, KEPT_PROGRESS,
+    RecordedEvent, RecordedOutcome,
+};
 #[cfg(feature = "file")]
 pub use file::FileStore;
 pub use memory::MemoryStore;

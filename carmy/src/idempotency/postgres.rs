@@ -412,7 +412,10 @@ async fn read_execution(
     else {
         return Ok(None);
     };
-    let events = client.prepare_cached(EXECUTION_EVENTS).await.map_err(failed)?;
+    let events = client
+        .prepare_cached(EXECUTION_EVENTS)
+        .await
+        .map_err(failed)?;
     let progress = client
         .query(&events, &[&execution_id])
         .await
@@ -653,9 +656,15 @@ impl IdempotencyStore for PostgresStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(within(self.options.command_timeout, async move {
             let client = client(&self.pool).await?;
-            let statement = client.prepare_cached(BEGIN_EXECUTION).await.map_err(failed)?;
+            let statement = client
+                .prepare_cached(BEGIN_EXECUTION)
+                .await
+                .map_err(failed)?;
             client
-                .execute(&statement, &[&&**execution_id, &caller, &tool, &millis(lease)])
+                .execute(
+                    &statement,
+                    &[&&**execution_id, &caller, &tool, &millis(lease)],
+                )
                 .await
                 .map_err(failed)?;
             Ok(())
@@ -669,12 +678,20 @@ impl IdempotencyStore for PostgresStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(within(self.options.command_timeout, async move {
             let client = client(&self.pool).await?;
-            let statement = client.prepare_cached(RECORD_PROGRESS).await.map_err(failed)?;
+            let statement = client
+                .prepare_cached(RECORD_PROGRESS)
+                .await
+                .map_err(failed)?;
             let kept = i64::try_from(KEPT_PROGRESS).unwrap_or(i64::MAX);
             client
                 .execute(
                     &statement,
-                    &[&execution_id, &event_id(event.id), &event.data.as_ref(), &kept],
+                    &[
+                        &execution_id,
+                        &event_id(event.id),
+                        &event.data.as_ref(),
+                        &kept,
+                    ],
                 )
                 .await
                 .map_err(failed)?;
@@ -690,7 +707,8 @@ impl IdempotencyStore for PostgresStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(within(self.options.command_timeout, async move {
             let (_, stored) = Stored::of(&Finish::Response(outcome.response));
-            let stored = stored.ok_or_else(|| StoreError::message("an ended execution has a response"))?;
+            let stored =
+                stored.ok_or_else(|| StoreError::message("an ended execution has a response"))?;
             let client = client(&self.pool).await?;
             let statement = client.prepare_cached(END_EXECUTION).await.map_err(failed)?;
             client
@@ -741,7 +759,10 @@ impl IdempotencyStore for PostgresStore {
     ) -> BoxFuture<'a, Result<Cancellation, StoreError>> {
         Box::pin(within(self.options.command_timeout, async move {
             let client = client(&self.pool).await?;
-            let statement = client.prepare_cached(CANCEL_EXECUTION).await.map_err(failed)?;
+            let statement = client
+                .prepare_cached(CANCEL_EXECUTION)
+                .await
+                .map_err(failed)?;
             let row = client
                 .query_one(&statement, &[&execution_id, &caller])
                 .await

@@ -435,7 +435,9 @@ impl Inner {
         let mut fields = reply.into_iter();
         let mut next_bytes = || -> Result<Vec<u8>, StoreError> {
             match fields.next() {
-                Some(value) => redis::from_redis_value(value).map_err(|error| StoreError(Box::new(error))),
+                Some(value) => {
+                    redis::from_redis_value(value).map_err(|error| StoreError(Box::new(error)))
+                }
                 None => Err(unreadable("missing field")),
             }
         };
@@ -447,7 +449,9 @@ impl Inner {
         let final_event_id = text(next_bytes()?)?;
         let cancel = text(next_bytes()?)?;
         let events: Vec<Vec<u8>> = match fields.next() {
-            Some(value) => redis::from_redis_value(value).map_err(|error| StoreError(Box::new(error)))?,
+            Some(value) => {
+                redis::from_redis_value(value).map_err(|error| StoreError(Box::new(error)))?
+            }
             None => Vec::new(),
         };
         let progress = events
@@ -534,8 +538,9 @@ impl Inner {
                 };
                 let state = match status {
                     None => ExecutionState::Running,
-                    Some(status) => ExecutionState::from_wire(&status)
-                        .ok_or_else(|| unreadable("status"))?,
+                    Some(status) => {
+                        ExecutionState::from_wire(&status).ok_or_else(|| unreadable("status"))?
+                    }
                 };
                 let wanted = query.state.is_none_or(|wanted| wanted == state)
                     && query.tool.as_deref().is_none_or(|wanted| wanted == tool);
@@ -730,7 +735,10 @@ impl IdempotencyStore for RedisStore {
         caller: &'a str,
         query: &'a ExecutionQuery,
     ) -> BoxFuture<'a, Result<Vec<ExecutionSummary>, StoreError>> {
-        Box::pin(within(self.timeout, self.inner.list_executions(caller, query)))
+        Box::pin(within(
+            self.timeout,
+            self.inner.list_executions(caller, query),
+        ))
     }
 
     fn cancel_execution<'a>(

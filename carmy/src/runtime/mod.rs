@@ -510,8 +510,7 @@ impl Runtime {
         let timeout = descriptor.timeout.unwrap_or(self.settings.default_timeout);
         // Executions belong to an identified caller: an anonymous one could not be read back
         // by its caller alone.
-        let keepable =
-            self.store.keeps_executions() && principal.trust() != TrustLevel::Anonymous;
+        let keepable = self.store.keeps_executions() && principal.trust() != TrustLevel::Anonymous;
         let detached = keepable
             && match descriptor.mode {
                 Mode::Async => true,
