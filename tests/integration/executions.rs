@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::http::request::Parts;
 use axum::http::{Request, StatusCode};
 use carmy::auth::Authenticator;
-use carmy::{Context, JsonSchema, Principal, State, ToolError, TrustLevel};
+use carmy::{Context, JsonSchema, Principal, ToolError, TrustLevel};
 use carmy_tests::{Answer, Server, execute_request, get, parse_sse, send};
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
