@@ -7,6 +7,7 @@ use axum::body::Body;
 use axum::http::request::Parts;
 use axum::http::{Request, StatusCode};
 use carmy::auth::Authenticator;
+use carmy::idempotency::{IdempotencyStore, PostgresStore, RedisStore};
 use carmy::{Context, JsonSchema, Principal, ToolError, TrustLevel};
 use carmy_tests::{Answer, Server, execute_request, get, parse_sse, send};
 use futures_util::future::BoxFuture;
@@ -532,4 +533,101 @@ async fn the_testing_client_starts_waits_for_and_cancels_async_calls() {
         .await
         .expect_err("answered synchronously");
     assert_eq!(answer.data(), &json!({ "reports": 0 }));
+}
+
+/// Two replicas sharing `store_a`'s and `store_b`'s engine: an execution started on A is read,
+/// re-attached, listed and cancelled on B; the replica running it learns of the cancellation
+/// within 1 s.
+async fn across_replicas(store_a: impl IdempotencyStore, store_b: impl IdempotencyStore) {
+    let (probe_a, probe_b) = (Probe::default(), Probe::default());
+    let a = app(&probe_a).idempotency_store(store_a).router().unwrap();
+    let b = app(&probe_b).idempotency_store(store_b).router().unwrap();
+
+    let accepted = start(&a, &chatter(3, 600), &[ALICE, ASYNC]).await;
+    assert_eq!(accepted.status, StatusCode::ACCEPTED);
+    let id = accepted.json()["execution_id"].as_str().unwrap().to_owned();
+    let location = format!("/agent/executions/{id}");
+    let running = send(&b, request("GET", &location, &[ALICE])).await;
+    assert_eq!(running.status, StatusCode::OK);
+    assert_eq!(running.json()["status"], "running");
+    assert_eq!(
+        send(&b, request("GET", &location, &[BOB])).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let listed = get_as(&b, "/agent/executions?limit=100&status=running", ALICE).await;
+    assert!(
+        listed["executions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|entry| entry["execution_id"] == json!(id)),
+        "{listed}"
+    );
+
+    // Re-attached on B while A runs it: to the end, with the ids A gave the events.
+    let events = send(&b, request("GET", &format!("{location}/events"), &[ALICE])).await;
+    let events: Vec<_> = parse_sse(std::str::from_utf8(&events.body).unwrap())
+        .into_iter()
+        .filter(|event| !event.comment)
+        .collect();
+    let names: Vec<_> = events
+        .iter()
+        .map(|event| (event.event.clone().unwrap(), event.id.clone().unwrap()))
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("execution.started", "1"),
+        ("tool.progress", "2"),
+        ("tool.progress", "3"),
+        ("tool.progress", "4"),
+        ("execution.completed", "5"),
+    ]
+    .iter()
+    .map(|(name, id)| ((*name).to_owned(), (*id).to_owned()))
+    .collect();
+    assert_eq!(names, expected);
+    let on_a = send(&a, request("GET", &location, &[ALICE])).await;
+    let on_b = send(&b, request("GET", &location, &[ALICE])).await;
+    assert_eq!(on_a.body, on_b.body);
+    assert_eq!(on_b.json()["data"], json!({ "reports": 3 }));
+    assert_eq!(probe_b.runs(), 0);
+
+    // Cancelled on B, run on A.
+    let call = json!({ "tool": "slow_write", "arguments": { "millis": 10_000 } });
+    let accepted = start(&a, &call, &[ALICE, ASYNC]).await;
+    let id = accepted.json()["execution_id"].as_str().unwrap().to_owned();
+    let location = format!("/agent/executions/{id}");
+    probe_a.wait_runs(1).await;
+    let cancel = send(&b, request("DELETE", &location, &[BOB])).await;
+    assert_eq!(
+        cancel.status,
+        StatusCode::NOT_FOUND,
+        "another caller cancels nothing"
+    );
+    let cancel = send(&b, request("DELETE", &location, &[ALICE])).await;
+    assert_eq!(cancel.status, StatusCode::ACCEPTED);
+    tokio::time::timeout(Duration::from_secs(1), probe_a.saw_cancellation.notified())
+        .await
+        .expect("the running replica learns of the cancellation within 1 s");
+    let ended = wait_ended(&b, &location, ALICE).await;
+    assert_eq!(ended.json()["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn executions_across_two_replicas_on_postgres() {
+    let Some(url) = carmy_tests::server_url("CARMY_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let a = PostgresStore::connect(&url).await.unwrap();
+    let b = PostgresStore::connect(&url).await.unwrap();
+    across_replicas(a, b).await;
+}
+
+#[tokio::test]
+async fn executions_across_two_replicas_on_redis() {
+    let Some(url) = carmy_tests::server_url("CARMY_TEST_REDIS_URL") else {
+        return;
+    };
+    let a = RedisStore::connect(&url).await.unwrap();
+    let b = RedisStore::connect(&url).await.unwrap();
+    across_replicas(a, b).await;
 }
