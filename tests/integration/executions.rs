@@ -610,9 +610,33 @@ async fn across_replicas(store_a: impl IdempotencyStore, store_b: impl Idempoten
         .expect("the running replica learns of the cancellation within 1 s");
     let ended = wait_ended(&b, &location, ALICE).await;
     assert_eq!(ended.json()["status"], "cancelled");
+
+    // 1,000 concurrent async starts of one request_id, half on each replica: one execution.
+    // (A tool with a 30 s deadline: under this load, waiting for the store's connections
+    // counts against the deadline.)
+    let mut call = chatter(1, 300);
+    call["request_id"] = json!(format!("once-{}", carmy_tests::run_id()));
+    let starts = (0..1_000).map(|n| {
+        let router = if n % 2 == 0 { a.clone() } else { b.clone() };
+        let call = call.clone();
+        tokio::spawn(async move { start(&router, &call, &[ALICE, ASYNC]).await })
+    });
+    let mut ids = std::collections::HashSet::new();
+    for answer in futures_util::future::join_all(starts).await {
+        let answer = answer.unwrap();
+        assert!(
+            matches!(answer.status, StatusCode::ACCEPTED | StatusCode::OK),
+            "{answer:?}"
+        );
+        ids.insert(answer.json()["execution_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let id = ids.into_iter().next().unwrap();
+    let ended = wait_ended(&b, &format!("/agent/executions/{id}"), ALICE).await;
+    assert_eq!(ended.json()["status"], "completed", "{}", ended.json());
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executions_across_two_replicas_on_postgres() {
     let Some(url) = carmy_tests::server_url("CARMY_TEST_POSTGRES_URL") else {
         return;
@@ -622,7 +646,7 @@ async fn executions_across_two_replicas_on_postgres() {
     across_replicas(a, b).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executions_across_two_replicas_on_redis() {
     let Some(url) = carmy_tests::server_url("CARMY_TEST_REDIS_URL") else {
         return;
