@@ -993,6 +993,7 @@ struct Journal {
     execution_id: Arc<str>,
     events: EventReceiver,
     forward: Option<EventSender>,
+    /// The id after the last event written: `execution.completed`'s once the tool has ended.
     next_id: u64,
 }
 
