@@ -59,6 +59,7 @@ pub(crate) struct Attrs {
     pub(crate) description: Attr<LitStr>,
     pub(crate) timeout: Attr<LitStr>,
     pub(crate) register: Attr<LitBool>,
+    pub(crate) mode: Attr<LitStr>,
     /// The span of the whole argument list, for errors about a missing key.
     pub(crate) span: Span,
 }
@@ -84,6 +85,7 @@ impl Attrs {
             description: Attr::none(symbol::DESCRIPTION),
             timeout: Attr::none(symbol::TIMEOUT),
             register: Attr::none(symbol::REGISTER),
+            mode: Attr::none(symbol::MODE),
             span,
         };
         let parser = |input: ParseStream<'_>| {
@@ -123,6 +125,7 @@ impl Attrs {
             }
             symbol::TIMEOUT => set_str(cx, &mut self.timeout, key, &value, "\"30s\""),
             symbol::REGISTER => set_bool(cx, &mut self.register, key, &value),
+            symbol::MODE => set_str(cx, &mut self.mode, key, &value, "\"async\""),
             unknown => cx.error_spanned_by(&key, unknown_key_message(unknown)),
         }
         Ok(())
@@ -160,14 +163,19 @@ fn set_bool(cx: &Ctxt, attr: &mut Attr<LitBool>, key: Ident, value: &Expr) {
     }
 }
 
-fn unknown_key_message(unknown: &str) -> String {
-    let closest = KEYS
+/// The candidate closest to `written`, if one is close enough to be what was meant.
+pub(crate) fn closest<'a>(written: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
         .iter()
-        .map(|key| (strsim::jaro_winkler(unknown, key), key))
+        .map(|candidate| (strsim::jaro_winkler(written, candidate), *candidate))
         .filter(|(score, _)| *score > 0.8)
-        .max_by(|a, b| a.0.total_cmp(&b.0));
-    match closest {
-        Some((_, key)) => format!("unknown key `{unknown}`; did you mean `{key}`?"),
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, candidate)| candidate)
+}
+
+fn unknown_key_message(unknown: &str) -> String {
+    match closest(unknown, KEYS) {
+        Some(key) => format!("unknown key `{unknown}`; did you mean `{key}`?"),
         None => format!(
             "unknown key `{unknown}`; expected one of: {}",
             KEYS.iter()

@@ -8,7 +8,7 @@ use syn::{Expr, GenericArgument, Lit, Pat, PathArguments, ReturnType, Type};
 
 use crate::ast::{ParamKind, Tool};
 use crate::ctxt::Ctxt;
-use crate::symbol::{ACCESS_LEVELS, CONFIRMATIONS, EFFECTS};
+use crate::symbol::{ACCESS_LEVELS, CONFIRMATIONS, EFFECTS, MODES};
 
 /// A tool that passed validation: everything [`crate::expand`] needs.
 pub(crate) struct Spec<'a> {
@@ -24,6 +24,8 @@ pub(crate) struct Spec<'a> {
     /// The variant name of `carmy::TrustLevel`.
     pub(crate) access: &'static str,
     pub(crate) timeout_ms: Option<u64>,
+    /// The variant name of `carmy::Mode`.
+    pub(crate) mode: &'static str,
     pub(crate) register: bool,
     /// `T` of the return type `Result<T, E>`.
     pub(crate) output: &'a Type,
@@ -149,6 +151,22 @@ pub(crate) fn check<'a>(cx: &Ctxt, tool: &'a Tool) -> Option<Spec<'a>> {
         parsed
     });
 
+    let mode = match attrs.mode.get() {
+        None => "Either",
+        Some(lit) => match lit.value().as_str() {
+            "async" => "Async",
+            "sync" => "Sync",
+            other => {
+                let hint = match crate::attr::closest(other, MODES) {
+                    Some(mode) => format!("did you mean `\"{mode}\"`?"),
+                    None => format!("expected one of {}", quoted_list(MODES)),
+                };
+                cx.error_spanned_by(lit, format!("invalid mode `{other}`; {hint}"));
+                "Either"
+            }
+        },
+    };
+
     let description = check_description(cx, tool);
 
     let flag = |attr: &crate::attr::Attr<syn::LitBool>, default: bool| {
@@ -164,6 +182,7 @@ pub(crate) fn check<'a>(cx: &Ctxt, tool: &'a Tool) -> Option<Spec<'a>> {
         confirmation_required,
         access,
         timeout_ms,
+        mode,
         register: flag(&attrs.register, true),
         output: output?.0,
         error_span: output?.1,

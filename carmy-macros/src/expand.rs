@@ -55,6 +55,7 @@ fn expand(spec: &Spec<'_>) -> TokenStream {
         confirmation_required,
         access,
         timeout_ms,
+        mode,
         register,
         output,
         error_span,
@@ -65,6 +66,7 @@ fn expand(spec: &Spec<'_>) -> TokenStream {
 
     let effect = format_ident!("{}", effect);
     let access = format_ident!("{}", access);
+    let mode = format_ident!("{}", mode);
     let confirmation = if *confirmation_required {
         quote!(Required)
     } else {
@@ -135,6 +137,7 @@ fn expand(spec: &Spec<'_>) -> TokenStream {
                     confirmation: __carmy::Confirmation::#confirmation,
                     access: __carmy::TrustLevel::#access,
                     timeout: #timeout,
+                    mode: __carmy::Mode::#mode,
                     input_schema: #input_schema,
                     output_schema: #output_schema,
                     states: &[#(#states),*],

@@ -9,6 +9,7 @@ pub(crate) const NAME: &str = "name";
 pub(crate) const DESCRIPTION: &str = "description";
 pub(crate) const TIMEOUT: &str = "timeout";
 pub(crate) const REGISTER: &str = "register";
+pub(crate) const MODE: &str = "mode";
 
 /// Every valid key, for "did you mean" suggestions.
 pub(crate) const KEYS: &[&str] = &[
@@ -21,6 +22,7 @@ pub(crate) const KEYS: &[&str] = &[
     DESCRIPTION,
     TIMEOUT,
     REGISTER,
+    MODE,
 ];
 
 /// Valid values of `effect`, in the order the catalog documents them.
@@ -31,3 +33,6 @@ pub(crate) const CONFIRMATIONS: &[&str] = &["none", "required"];
 
 /// Valid values of `access`, lowest trust first.
 pub(crate) const ACCESS_LEVELS: &[&str] = &["anonymous", "known", "partner", "internal"];
+
+/// Valid values of `mode`.
+pub(crate) const MODES: &[&str] = &["async", "sync"];

@@ -20,6 +20,9 @@ pub(crate) struct Progress {
     pub(crate) total: Option<u64>,
     /// What the tool is doing.
     pub(crate) message: Option<String>,
+    /// How many reports came before this one (set by the channel): an execution's kept events
+    /// are numbered by it, so a report dropped on the way leaves a gap, not a shift.
+    pub(crate) sequence: u64,
 }
 
 /// What an execution tells a transport that streams.
@@ -42,10 +45,31 @@ const EVENT_BUFFER: usize = 64;
 /// A bounded queue of one execution's events: the tool never waits for its reader, and a reader
 /// that stops reading costs at most [`EVENT_BUFFER`] events.
 pub(crate) fn event_channel() -> (EventSender, EventReceiver) {
+    channel(EVENT_BUFFER, Overflow::CoalesceNewest)
+}
+
+/// The queue of a kept execution's events on their way to the store, which keeps the latest
+/// `capacity` progress reports: past it the oldest waiting report is dropped.
+pub(crate) fn journal_channel(capacity: usize) -> (EventSender, EventReceiver) {
+    channel(capacity, Overflow::DropOldest)
+}
+
+/// What a full queue does with one more progress report.
+#[derive(Clone, Copy)]
+enum Overflow {
+    /// It replaces the newest waiting one (a level: only the latest matters to a live reader).
+    CoalesceNewest,
+    /// The oldest waiting one is dropped (a log of the latest reports).
+    DropOldest,
+}
+
+fn channel(capacity: usize, overflow: Overflow) -> (EventSender, EventReceiver) {
     let shared = Arc::new(EventQueue {
-        events: Mutex::new(VecDeque::new()),
+        events: Mutex::new(Queue::default()),
         ready: Notify::new(),
         reader_gone: AtomicBool::new(false),
+        capacity,
+        overflow,
     });
     (
         EventSender {
@@ -56,14 +80,23 @@ pub(crate) fn event_channel() -> (EventSender, EventReceiver) {
 }
 
 struct EventQueue {
-    events: Mutex<VecDeque<Event>>,
+    events: Mutex<Queue>,
     ready: Notify,
     /// Set when the receiver is dropped: events are discarded from then on.
     reader_gone: AtomicBool,
+    capacity: usize,
+    overflow: Overflow,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Event>,
+    /// Progress reports sent so far.
+    reports: u64,
 }
 
 impl EventQueue {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Event>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         // Only pushes and pops happen under the lock: a poisoned queue is still consistent.
         self.events.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -82,23 +115,39 @@ impl fmt::Debug for EventSender {
 }
 
 impl EventSender {
-    /// Queues `event` without waiting; coalesces progress once [`EVENT_BUFFER`] events wait.
-    pub(crate) fn send(&self, event: Event) {
+    /// Queues `event` without waiting; once the queue is full, progress is coalesced or the
+    /// oldest dropped, as the channel was made to.
+    pub(crate) fn send(&self, mut event: Event) {
         if self.shared.reader_gone.load(Ordering::Acquire) {
             return;
         }
-        let mut events = self.shared.lock();
-        if events.len() >= EVENT_BUFFER
-            && let Event::Progress(progress) = event
-        {
-            match events.back_mut() {
-                Some(Event::Progress(newest)) => *newest = progress,
-                _ => events.push_back(Event::Progress(progress)),
-            }
-        } else {
-            events.push_back(event);
+        let mut queue = self.shared.lock();
+        if let Event::Progress(progress) = &mut event {
+            progress.sequence = queue.reports;
+            queue.reports += 1;
         }
-        drop(events);
+        match (event, self.shared.overflow) {
+            (Event::Progress(progress), Overflow::CoalesceNewest)
+                if queue.waiting.len() >= self.shared.capacity =>
+            {
+                match queue.waiting.back_mut() {
+                    Some(Event::Progress(newest)) => *newest = progress,
+                    _ => queue.waiting.push_back(Event::Progress(progress)),
+                }
+            }
+            (event, Overflow::DropOldest) if queue.waiting.len() >= self.shared.capacity => {
+                let oldest = queue
+                    .waiting
+                    .iter()
+                    .position(|waiting| matches!(waiting, Event::Progress(_)));
+                if let Some(oldest) = oldest {
+                    queue.waiting.remove(oldest);
+                }
+                queue.waiting.push_back(event);
+            }
+            (event, _) => queue.waiting.push_back(event),
+        }
+        drop(queue);
         self.shared.ready.notify_one();
     }
 }
@@ -123,14 +172,14 @@ impl EventReceiver {
 
     /// The next event, if one is waiting.
     pub(crate) fn try_recv(&mut self) -> Option<Event> {
-        self.shared.lock().pop_front()
+        self.shared.lock().waiting.pop_front()
     }
 }
 
 impl Drop for EventReceiver {
     fn drop(&mut self) {
         self.shared.reader_gone.store(true, Ordering::Release);
-        self.shared.lock().clear();
+        self.shared.lock().waiting.clear();
     }
 }
 
@@ -215,6 +264,7 @@ impl Context {
                 progress: done,
                 total: total.into(),
                 message: message.into(),
+                sequence: 0,
             }));
         }
     }

@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod config;
 mod context;
 mod error;
+mod executions;
 pub mod health;
 mod http;
 pub mod idempotency;
@@ -42,7 +43,7 @@ pub use state::State;
 /// OTLP export of carmy's spans.
 #[cfg(feature = "otel")]
 pub use telemetry::otel;
-pub use tool::{Confirmation, Effect, ToolDescriptor};
+pub use tool::{Confirmation, Effect, Mode, ToolDescriptor};
 pub use tool_error::{Category, IntoToolError, ToolError};
 
 /// The `JsonSchema` trait; the glob lets `carmy_macros::JsonSchema` take the macro namespace.
@@ -61,7 +62,7 @@ pub mod __private {
     pub use crate::schema::{input_schema, no_input_schema, output_schema};
     pub use crate::state::State;
     pub use crate::tool::{
-        CallFuture, Confirmation, Effect, Invocation, Output, Registration, StateRequirement,
+        CallFuture, Confirmation, Effect, Invocation, Mode, Output, Registration, StateRequirement,
         ToolDescriptor, input, ok_or_tool_error, serialize_output,
     };
     pub use crate::tool_error::ToolError;

@@ -32,8 +32,9 @@ use tokio_util::sync::CancellationToken;
 use crate::app::App;
 use crate::context::Principal;
 use crate::error::Error;
+use crate::idempotency::Cancellation;
 use crate::idempotency::ExecutionStatus;
-use crate::runtime::{self, Call, Runtime};
+use crate::runtime::{self, Answer, Call, Delivery, Outcome, Runtime};
 use crate::settings::Current;
 
 /// Calls an app's tools in-process.
@@ -64,6 +65,33 @@ impl Client {
             principal: Principal::anonymous(),
         }
     }
+
+    /// Waits for `principal`'s execution `execution_id` to end and returns its answer, as
+    /// `GET /agent/executions/{id}` reads it; `None` when it is not theirs (or does not exist).
+    pub async fn wait(&self, principal: &Principal, execution_id: &str) -> Option<Response> {
+        let executions = self.runtime.executions();
+        loop {
+            let record = executions.lookup(principal, execution_id).await.ok()??;
+            if let Some(ended) = record.outcome {
+                return Some(Response::of(&Outcome {
+                    response: ended.response,
+                    replayed: false,
+                    retry_after: None,
+                }));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Asks for `principal`'s running execution to be cancelled, as `DELETE` does: `true` when
+    /// it was running, `false` when it has ended or is not theirs.
+    pub async fn cancel(&self, principal: &Principal, execution_id: &str) -> bool {
+        let executions = self.runtime.executions();
+        matches!(
+            executions.cancel(principal, execution_id).await,
+            Ok(Cancellation::Requested)
+        )
+    }
 }
 
 /// A call being prepared; `.await` runs it.
@@ -91,37 +119,55 @@ impl PendingCall<'_> {
     }
 }
 
+impl PendingCall<'_> {
+    /// Starts the call asynchronously, as `Prefer: respond-async` does: `Ok` with the
+    /// execution id when it runs detached (read it back with [`Client::wait`]), `Err` with the
+    /// answer when it was answered at once (a rejection, a replay, a `mode = "sync"` tool, an
+    /// anonymous caller).
+    pub async fn start(self) -> Result<String, Response> {
+        let (runtime, call) = self.into_call()?;
+        let delivery = Delivery {
+            cancel: CancellationToken::new(),
+            events: None,
+            prefer_async: true,
+        };
+        match runtime.call(call, delivery).await {
+            Answer::Accepted(accepted) => Ok(accepted.execution_id.to_string()),
+            Answer::Outcome(outcome) => Err(Response::of(&outcome)),
+        }
+    }
+
+    /// The runtime and the call, or the answer to a malformed `request_id`.
+    fn into_call(self) -> Result<(Arc<Runtime>, Call), Response> {
+        if let Some(Err(error)) = self.request_id.as_deref().map(runtime::check_request_id) {
+            return Err(Response {
+                status: ExecutionStatus::Failed,
+                body: serde_json::json!({ "error": error }),
+                replayed: false,
+            });
+        }
+        let call = Call {
+            catalog: Arc::clone(&self.client.current.load().catalog),
+            tool: self.tool,
+            arguments: self.arguments,
+            request_id: self.request_id,
+            principal: self.principal,
+        };
+        Ok((Arc::clone(&self.client.runtime), call))
+    }
+}
+
 impl<'a> IntoFuture for PendingCall<'a> {
     type Output = Response;
     type IntoFuture = Pin<Box<dyn Future<Output = Response> + Send + 'a>>;
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            if let Some(Err(error)) = self.request_id.as_deref().map(runtime::check_request_id) {
-                return Response {
-                    status: ExecutionStatus::Failed,
-                    body: serde_json::json!({ "error": error }),
-                    replayed: false,
-                };
-            }
-            let call = Call {
-                catalog: Arc::clone(&self.client.current.load().catalog),
-                tool: self.tool,
-                arguments: self.arguments,
-                request_id: self.request_id,
-                principal: self.principal,
+            let (runtime, call) = match self.into_call() {
+                Ok(prepared) => prepared,
+                Err(answer) => return answer,
             };
-            let outcome = self
-                .client
-                .runtime
-                .execute(call, CancellationToken::new(), None)
-                .await;
-            Response {
-                status: outcome.response.status,
-                body: serde_json::from_slice(&outcome.response.body)
-                    .expect("execution bodies are JSON"),
-                replayed: outcome.replayed,
-            }
+            Response::of(&runtime.execute(call, CancellationToken::new(), None).await)
         })
     }
 }
@@ -141,6 +187,15 @@ pub struct Response {
 }
 
 impl Response {
+    fn of(outcome: &Outcome) -> Self {
+        Response {
+            status: outcome.response.status,
+            body: serde_json::from_slice(&outcome.response.body)
+                .expect("execution bodies are JSON"),
+            replayed: outcome.replayed,
+        }
+    }
+
     /// The tool's output.
     ///
     /// # Panics

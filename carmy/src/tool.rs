@@ -81,6 +81,34 @@ impl Serialize for Confirmation {
     }
 }
 
+/// Whether a call answers at once with `202 Accepted` and runs detached (`protocol.md` §9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Synchronous unless the client sends `Prefer: respond-async`.
+    Either,
+    /// Always `202 Accepted`: the work outlives any one connection.
+    Async,
+    /// Never `202`: the preference is ignored.
+    Sync,
+}
+
+impl Mode {
+    /// The wire name (`"either"`, `"async"` or `"sync"`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Mode::Either => "either",
+            Mode::Async => "async",
+            Mode::Sync => "sync",
+        }
+    }
+}
+
+impl Serialize for Mode {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
 /// The future a tool's shim returns.
 #[doc(hidden)]
 pub type CallFuture = Pin<Box<dyn Future<Output = Result<Output, ToolError>> + Send>>;
@@ -107,6 +135,8 @@ pub struct ToolDescriptor {
     pub access: TrustLevel,
     #[doc(hidden)]
     pub timeout: Option<Duration>,
+    #[doc(hidden)]
+    pub mode: Mode,
     #[doc(hidden)]
     pub input_schema: fn() -> Value,
     #[doc(hidden)]

@@ -30,6 +30,10 @@ pub(crate) mod codes {
     pub(crate) const CONFIG_INVALID: &str = "CONFIG_INVALID";
     /// A configuration reload refused: the file changes a restart-only key (`409`).
     pub(crate) const RESTART_REQUIRED: &str = "RESTART_REQUIRED";
+    /// No execution of the caller has that id (`protocol.md` §9).
+    pub(crate) const EXECUTION_NOT_FOUND: &str = "EXECUTION_NOT_FOUND";
+    /// A cancellation of an execution that has ended.
+    pub(crate) const EXECUTION_ENDED: &str = "EXECUTION_ENDED";
     #[cfg(feature = "redis")]
     pub(crate) const RATE_LIMITER_UNAVAILABLE: &str = "RATE_LIMITER_UNAVAILABLE";
     #[cfg(feature = "mcp")]
@@ -44,6 +48,8 @@ pub(crate) mod paths {
     pub(crate) const TOOL: &str = "/agent/tools/{name}";
     pub(crate) const EXECUTE: &str = "/agent/execute";
     pub(crate) const OPENAPI: &str = "/agent/openapi.json";
+    /// The caller's executions (`protocol.md` §9); one is `/agent/executions/{id}`.
+    pub(crate) const EXECUTIONS: &str = "/agent/executions";
     pub(crate) const HEALTH: &str = "/agent/health";
     pub(crate) const LIVE: &str = "/agent/health/live";
     pub(crate) const READY: &str = "/agent/health/ready";
@@ -70,6 +76,10 @@ pub(crate) static MCP_PROTOCOL_VERSION: HeaderName =
     HeaderName::from_static("mcp-protocol-version");
 pub(crate) static MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
 pub(crate) static MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
+/// RFC 7240 preferences: `Prefer: respond-async` asks for a `202`.
+pub(crate) static PREFER: HeaderName = HeaderName::from_static("prefer");
+pub(crate) static PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
+pub(crate) static RESPOND_ASYNC: HeaderValue = HeaderValue::from_static("respond-async");
 pub(crate) static LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 
 pub(crate) static JSON: HeaderValue = HeaderValue::from_static("application/json");

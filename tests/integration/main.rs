@@ -11,6 +11,7 @@ mod disconnect;
 mod discovery;
 mod embedding;
 mod execute;
+mod executions;
 mod fuzz;
 mod health;
 mod idempotency;

@@ -743,3 +743,115 @@ async fn tools_list_and_calls_hide_what_the_caller_may_not_use() {
         missing.json().to_string().replace("sales_summarx", "TOOL")
     );
 }
+
+/// A 2026-07-28 request of a client that takes tasks (the tasks extension), as `who`.
+fn with_tasks(id: u64, method: &str, mut params: Value, who: &str) -> Request<Body> {
+    params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!(MODERN);
+    params["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
+        json!({ "extensions": { "io.modelcontextprotocol/tasks": {} } });
+    // `Mcp-Name` carries the tool of a call and the task of `tasks/*`.
+    let name = params["name"]
+        .as_str()
+        .or(params["taskId"].as_str())
+        .map(str::to_owned);
+    let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+    let authorization = format!("Bearer {who}");
+    let mut headers = vec![
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", method),
+        ("authorization", authorization.as_str()),
+    ];
+    if let Some(name) = &name {
+        headers.push(("mcp-name", name));
+    }
+    post(&body, &headers)
+}
+
+/// Polls `tasks/get` until the task leaves `working`.
+async fn task_until_done(router: &axum::Router, task_id: &str) -> Value {
+    loop {
+        let answer = send(
+            router,
+            with_tasks(9, "tasks/get", json!({ "taskId": task_id }), "alice"),
+        )
+        .await;
+        let task = result(&answer);
+        if task["status"] != "working" {
+            return task;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// MCP tasks (the 2026-07-28 extension, driven here as the JSON-RPC exchange itself: the
+/// official SDK clients are not installed where this was written) are the executions of
+/// protocol.md §9: the same record over HTTP, the same caller scoping, the same cancellation.
+#[tokio::test]
+async fn a_client_that_takes_tasks_gets_the_execution_as_a_task() {
+    let probe = Probe::default();
+    let router = crate::executions::app(&probe).router().unwrap();
+    let arguments = json!({ "reports": 2, "millis": 200 });
+    let started = send(
+        &router,
+        with_tasks(
+            1,
+            "tools/call",
+            json!({ "name": "chatty", "arguments": arguments }),
+            "alice",
+        ),
+    )
+    .await;
+    let task = result(&started);
+    assert_eq!(task["resultType"], "task", "{task}");
+    assert_eq!(task["status"], "working");
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    assert!(task_id.starts_with("exec_"), "{task_id}");
+
+    // The same execution over HTTP, and nobody else's.
+    let lookup = Request::get(format!("/agent/executions/{task_id}"))
+        .header("authorization", "Bearer alice")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&router, lookup).await.status, StatusCode::OK);
+    let bobs = send(
+        &router,
+        with_tasks(2, "tasks/get", json!({ "taskId": task_id }), "bob"),
+    )
+    .await;
+    assert!(bobs.json()["error"].is_object(), "{:?}", bobs.json());
+
+    let done = task_until_done(&router, &task_id).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["structuredContent"], json!({ "reports": 2 }));
+    assert_eq!(
+        done["result"]["_meta"]["dev.carmy/execution_id"],
+        json!(task_id)
+    );
+
+    // tasks/cancel cancels the execution the task is.
+    let started = send(
+        &router,
+        with_tasks(
+            3,
+            "tools/call",
+            json!({ "name": "slow_write", "arguments": { "millis": 10_000 } }),
+            "alice",
+        ),
+    )
+    .await;
+    let task_id = result(&started)["taskId"].as_str().unwrap().to_owned();
+    probe.wait_runs(1).await;
+    let cancel = send(
+        &router,
+        with_tasks(4, "tasks/cancel", json!({ "taskId": task_id }), "alice"),
+    )
+    .await;
+    result(&cancel);
+    tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified())
+        .await
+        .expect("the tool sees the cancellation within 1 s");
+    assert_eq!(
+        task_until_done(&router, &task_id).await["status"],
+        "cancelled"
+    );
+}

@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use carmy::Category;
 use carmy::idempotency::{
-    ExecutionStatus, FileStore, Fingerprint, Finish, IdempotencyKey, IdempotencyStore, MemoryStore,
-    PostgresStore, RedisStore, Reservation, StoredResponse,
+    Cancellation, ExecutionQuery, ExecutionState, ExecutionStatus, FileStore, Fingerprint, Finish,
+    IdempotencyKey, IdempotencyStore, MemoryStore, PostgresStore, RecordedEvent, RecordedOutcome,
+    RedisStore, Reservation, StoredResponse,
 };
 use carmy_tests::{run_id, server_url};
 
@@ -49,6 +51,269 @@ async fn reserve(
         .reserve(key, fingerprint, &Arc::from(execution_id), LEASE, TTL)
         .await
         .expect("store works")
+}
+
+/// Executions kept for their callers (protocol.md §9): begin, progress bounded to the latest
+/// 100, cancellation, end, lookup scoped to the caller, and the list, newest first.
+pub(crate) async fn executions_contract(store: &dyn IdempotencyStore, name: &str) {
+    assert!(store.keeps_executions());
+    let alice = format!("alice-{name}-{}", run_id());
+    let bob = format!("bob-{name}-{}", run_id());
+    let id = |n: u32| -> Arc<str> { Arc::from(format!("exec_{}-{name}-{n:03}", run_id())) };
+    let (first, second, third, bobs) = (id(1), id(2), id(3), id(4));
+    for (caller, execution) in [
+        (&alice, &first),
+        (&alice, &second),
+        (&alice, &third),
+        (&bob, &bobs),
+    ] {
+        let tool = if *execution == third {
+            "report"
+        } else {
+            "create_order"
+        };
+        store
+            .begin_execution(caller, execution, tool, LEASE)
+            .await
+            .unwrap();
+    }
+    let running = store.execution(&alice, &first).await.unwrap().unwrap();
+    assert_eq!(&*running.tool, "create_order");
+    assert_eq!(running.state(), ExecutionState::Running);
+    assert!(running.outcome.is_none() && running.progress.is_empty() && !running.cancel_requested);
+    assert_eq!(
+        store.execution(&bob, &first).await.unwrap(),
+        None,
+        "another caller's"
+    );
+    assert_eq!(store.execution(&alice, "exec_missing").await.unwrap(), None);
+
+    for event in 2..=151_u64 {
+        let data = Bytes::from(format!("{{\"progress\":{event}}}"));
+        store
+            .record_progress(&first, RecordedEvent { id: event, data })
+            .await
+            .unwrap();
+    }
+    let ids = |record: &carmy::idempotency::ExecutionRecord| -> Vec<u64> {
+        record.progress.iter().map(|event| event.id).collect()
+    };
+    let record = store.execution(&alice, &first).await.unwrap().unwrap();
+    assert_eq!(
+        ids(&record),
+        (52..=151).collect::<Vec<_>>(),
+        "the latest 100 are kept"
+    );
+    assert_eq!(&record.progress[99].data[..], b"{\"progress\":151}");
+
+    assert_eq!(
+        store.cancel_execution(&bob, &first).await.unwrap(),
+        Cancellation::NotFound
+    );
+    assert!(
+        !store
+            .execution(&alice, &first)
+            .await
+            .unwrap()
+            .unwrap()
+            .cancel_requested
+    );
+    assert_eq!(
+        store.cancel_execution(&alice, &first).await.unwrap(),
+        Cancellation::Requested
+    );
+    assert!(
+        store
+            .execution(&alice, &first)
+            .await
+            .unwrap()
+            .unwrap()
+            .cancel_requested
+    );
+
+    let cancelled = StoredResponse {
+        execution_id: Arc::clone(&first),
+        status: ExecutionStatus::Cancelled,
+        category: Some(Category::Cancelled),
+        code: Some(Arc::from("CANCELLED")),
+        body: Bytes::from_static(b"{\"status\":\"cancelled\"}"),
+    };
+    let ended = RecordedOutcome {
+        response: cancelled,
+        event_id: 152,
+    };
+    store
+        .end_execution(&first, ended.clone(), TTL)
+        .await
+        .unwrap();
+    // Once ended, late progress and a second end change nothing.
+    store
+        .record_progress(
+            &first,
+            RecordedEvent {
+                id: 153,
+                data: Bytes::from_static(b"{}"),
+            },
+        )
+        .await
+        .unwrap();
+    let other_end = RecordedOutcome {
+        response: response(&first),
+        event_id: 200,
+    };
+    store.end_execution(&first, other_end, TTL).await.unwrap();
+    let record = store.execution(&alice, &first).await.unwrap().unwrap();
+    assert_eq!(record.outcome, Some(ended));
+    assert_eq!(
+        record.state(),
+        ExecutionState::Ended(ExecutionStatus::Cancelled)
+    );
+    assert_eq!(ids(&record).last(), Some(&151));
+    assert_eq!(
+        store.cancel_execution(&alice, &first).await.unwrap(),
+        Cancellation::Ended
+    );
+    assert_eq!(
+        store
+            .cancel_execution(&alice, "exec_missing")
+            .await
+            .unwrap(),
+        Cancellation::NotFound
+    );
+
+    let completed = RecordedOutcome {
+        response: response(&second),
+        event_id: 2,
+    };
+    store.end_execution(&second, completed, TTL).await.unwrap();
+
+    let list = |query: ExecutionQuery| {
+        let alice = alice.clone();
+        async move {
+            store
+                .executions(&alice, &query)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|summary| (summary.execution_id.to_string(), summary.state))
+                .collect::<Vec<_>>()
+        }
+    };
+    let all = ExecutionQuery {
+        limit: 10,
+        ..ExecutionQuery::default()
+    };
+    assert_eq!(
+        list(all.clone()).await,
+        [
+            (third.to_string(), ExecutionState::Running),
+            (
+                second.to_string(),
+                ExecutionState::Ended(ExecutionStatus::Completed)
+            ),
+            (
+                first.to_string(),
+                ExecutionState::Ended(ExecutionStatus::Cancelled)
+            ),
+        ]
+    );
+    let page = ExecutionQuery {
+        limit: 1,
+        before: Some(third.to_string()),
+        ..all.clone()
+    };
+    assert_eq!(
+        list(page).await,
+        [(
+            second.to_string(),
+            ExecutionState::Ended(ExecutionStatus::Completed)
+        )]
+    );
+    let running = ExecutionQuery {
+        state: Some(ExecutionState::Running),
+        ..all.clone()
+    };
+    assert_eq!(
+        list(running).await,
+        [(third.to_string(), ExecutionState::Running)]
+    );
+    let cancelled = ExecutionQuery {
+        state: Some(ExecutionState::Ended(ExecutionStatus::Cancelled)),
+        ..all.clone()
+    };
+    assert_eq!(list(cancelled).await.len(), 1);
+    let orders = ExecutionQuery {
+        tool: Some("create_order".to_owned()),
+        ..all.clone()
+    };
+    assert_eq!(list(orders).await.len(), 2);
+    let bobs_list = store.executions(&bob, &all).await.unwrap();
+    assert_eq!(bobs_list.len(), 1);
+    assert_eq!(bobs_list[0].execution_id, bobs);
+}
+
+#[tokio::test]
+async fn memory_keeps_executions() {
+    executions_contract(&MemoryStore::new(), "memory").await;
+}
+
+#[tokio::test]
+async fn memory_executions_have_a_byte_bound_that_never_drops_a_running_one() {
+    const BUDGET: usize = 64 * 1024;
+    let store = MemoryStore::with_limits(1_000, BUDGET);
+    let big = Bytes::from(vec![b'x'; 8 * 1024]);
+    let mut ended = Vec::new();
+    for n in 0..20 {
+        let id: Arc<str> = Arc::from(format!("exec_bound-{n:03}"));
+        store
+            .begin_execution("alice", &id, "report", LEASE)
+            .await
+            .unwrap();
+        let outcome = RecordedOutcome {
+            response: StoredResponse {
+                body: big.clone(),
+                ..response(&id)
+            },
+            event_id: 2,
+        };
+        store.end_execution(&id, outcome, TTL).await.unwrap();
+        ended.push(id);
+        assert!(store.execution_bytes() <= BUDGET);
+    }
+    // The oldest ended ones were dropped, the newest kept.
+    assert_eq!(store.execution("alice", &ended[0]).await.unwrap(), None);
+    assert!(
+        store
+            .execution("alice", &ended[19])
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // Running executions are never dropped: once only they remain, a new one is refused.
+    let mut refused = false;
+    for n in 0..1_000 {
+        let id: Arc<str> = Arc::from(format!("exec_running-{n:04}"));
+        if store
+            .begin_execution("alice", &id, "report", LEASE)
+            .await
+            .is_err()
+        {
+            refused = true;
+            break;
+        }
+    }
+    assert!(
+        refused,
+        "the bound refuses new executions once only running ones remain"
+    );
+    assert!(store.execution_bytes() <= BUDGET);
+    assert!(
+        store
+            .execution("alice", "exec_running-0000")
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 /// reserve → running → finished → replay; conflict; release; uncertain; only the execution
@@ -161,7 +426,7 @@ pub(crate) async fn waiters_are_woken(store: Arc<dyn IdempotencyStore>) {
         reserve(&*store, &k, &fp, "exec_w").await,
         Reservation::Reserved
     ));
-    let Reservation::Running { changed } = reserve(&*store, &k, &fp, "exec_2").await else {
+    let Reservation::Running { changed, .. } = reserve(&*store, &k, &fp, "exec_2").await else {
         panic!("expected running");
     };
     let finisher = {
@@ -610,6 +875,12 @@ async fn file_store(file: &TempFile) -> FileStore {
 }
 
 #[tokio::test]
+async fn file_keeps_executions() {
+    let file = TempFile::new("executions");
+    executions_contract(&file_store(&file).await, "file").await;
+}
+
+#[tokio::test]
 async fn file_lifecycle() {
     let file = TempFile::new("lifecycle");
     lifecycle(&file_store(&file).await).await;
@@ -690,6 +961,14 @@ async fn postgres_store() -> Option<PostgresStore> {
             panic!("CARMY_TEST_POSTGRES_URL={url} is unreachable: {error}")
         }),
     )
+}
+
+#[tokio::test]
+async fn postgres_keeps_executions() {
+    let Some(store) = postgres_store().await else {
+        return;
+    };
+    executions_contract(&store, "postgres").await;
 }
 
 #[tokio::test]
@@ -833,6 +1112,14 @@ async fn redis_store() -> Option<RedisStore> {
             .await
             .unwrap_or_else(|error| panic!("CARMY_TEST_REDIS_URL={url} is unreachable: {error}")),
     )
+}
+
+#[tokio::test]
+async fn redis_keeps_executions() {
+    let Some(store) = redis_store().await else {
+        return;
+    };
+    executions_contract(&store, "redis").await;
 }
 
 #[tokio::test]

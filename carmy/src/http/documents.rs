@@ -20,12 +20,19 @@ use crate::catalog::{self, Catalog, Lossy, Provider, ToolDefinition};
 use crate::openapi;
 use crate::principal::{Principal, TrustLevel};
 use crate::settings::{Current, Settings};
-use crate::tool::{Confirmation, Effect};
+use crate::tool::{Confirmation, Effect, Mode};
 use crate::tool_error::ToolError;
 use crate::wire::{JSON, paths};
 
 const PROTOCOL: &str = "carmy/1";
-const CAPABILITIES: &[&str] = &["tools", "streaming", "idempotency", "health", "openapi"];
+const CAPABILITIES: &[&str] = &[
+    "tools",
+    "streaming",
+    "idempotency",
+    "health",
+    "openapi",
+    "executions",
+];
 const CAPABILITIES_WITH_MCP: &[&str] = &[
     "tools",
     "streaming",
@@ -33,6 +40,7 @@ const CAPABILITIES_WITH_MCP: &[&str] = &[
     "mcp",
     "health",
     "openapi",
+    "executions",
 ];
 
 static CACHE_CONTROL_VALUE: HeaderValue = HeaderValue::from_static("private, max-age=60");
@@ -75,6 +83,7 @@ struct DiscoveryBody<'a> {
     mcp_url: Option<&'static str>,
     health_url: &'static str,
     openapi_url: &'static str,
+    executions_url: &'static str,
 }
 
 #[derive(Serialize)]
@@ -107,6 +116,7 @@ struct CatalogEntry<'a> {
     idempotent: bool,
     parallel_safe: bool,
     confirmation: Confirmation,
+    mode: Mode,
     #[serde(skip_serializing_if = "Option::is_none")]
     timeout_ms: Option<u128>,
 }
@@ -178,6 +188,7 @@ impl LevelDocuments {
                 idempotent: tool.descriptor.idempotent,
                 parallel_safe: tool.descriptor.parallel_safe,
                 confirmation: tool.descriptor.confirmation,
+                mode: tool.descriptor.mode,
                 timeout_ms: tool.timeout.map(|timeout| timeout.as_millis()),
             })
             .collect();
@@ -196,6 +207,7 @@ impl LevelDocuments {
             mcp_url: mcp.then_some(paths::MCP),
             health_url: paths::HEALTH,
             openapi_url: paths::OPENAPI,
+            executions_url: paths::EXECUTIONS,
         });
         let openapi = Document::new(&openapi::document(
             catalog,

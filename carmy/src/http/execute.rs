@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::{ACCEPT, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::header::{
+    ACCEPT, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER,
+};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -21,14 +23,19 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::documents::EXECUTIONS_PATH;
 use super::error::status_for;
 use crate::catalog::Catalog;
 use crate::context::{Event, EventReceiver, event_channel};
+use crate::executions::running_body;
 use crate::principal::Principal;
-use crate::runtime::{self, Call, Outcome, Runtime, response};
+use crate::runtime::{self, Accepted, Answer, Call, Delivery, Outcome, Runtime, response};
 use crate::settings::{Current, Settings};
 use crate::tool_error::{ToolError, clip, retry_after_secs};
-use crate::wire::{CARMY_REPLAYED, IDEMPOTENCY_KEY, JSON, NO_STORE, codes};
+use crate::wire::{
+    CARMY_REPLAYED, IDEMPOTENCY_KEY, JSON, NO_STORE, PREFER, PREFERENCE_APPLIED, RESPOND_ASYNC,
+    codes,
+};
 
 /// The largest request body accepted.
 pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -95,9 +102,49 @@ pub(super) async fn answer(state: ExecuteState, headers: &HeaderMap, call: Call)
     if wants_event_stream(headers) {
         return stream(state, call, cancel, guard);
     }
-    let outcome = state.runtime.execute(call, cancel, None).await;
+    let prefer_async = prefers_async(headers);
+    let delivery = Delivery {
+        cancel,
+        events: None,
+        prefer_async,
+    };
+    let answer = state.runtime.call(call, delivery).await;
     guard.disarm();
-    json_response(outcome)
+    match answer {
+        Answer::Outcome(outcome) => json_response(outcome),
+        Answer::Accepted(accepted) => accepted_response(&accepted, prefer_async),
+    }
+}
+
+/// Whether `Prefer` (RFC 7240: comma-separated preferences, each with optional parameters)
+/// asks for `respond-async`; other preferences are ignored.
+fn prefers_async(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(&PREFER)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|preference| {
+            preference
+                .split(';')
+                .next()
+                .is_some_and(|token| token.trim().eq_ignore_ascii_case("respond-async"))
+        })
+}
+
+/// `202 Accepted`: where to read the execution back, and when.
+fn accepted_response(accepted: &Accepted, prefer_async: bool) -> Response {
+    let body = running_body(&accepted.execution_id, accepted.tool, None);
+    let mut response = super::executions::running(StatusCode::ACCEPTED, body);
+    let headers = response.headers_mut();
+    let location = format!("{EXECUTIONS_PATH}/{}", accepted.execution_id);
+    if let Ok(location) = HeaderValue::try_from(location) {
+        headers.insert(LOCATION, location);
+    }
+    if prefer_async {
+        headers.insert(PREFERENCE_APPLIED.clone(), RESPOND_ASYNC.clone());
+    }
+    response
 }
 
 /// Checks the content type, reads at most [`MAX_BODY_BYTES`], and parses the request.
@@ -270,17 +317,6 @@ fn stream(
     response
 }
 
-/// `tool.progress` data, fields in the protocol's order.
-#[derive(Serialize)]
-struct ProgressData<'a> {
-    execution_id: Option<&'a str>,
-    progress: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    total: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    message: Option<&'a str>,
-}
-
 struct EventStream {
     events: EventReceiver,
     outcome: oneshot::Receiver<Outcome>,
@@ -311,19 +347,14 @@ impl EventStream {
     fn runtime_event(&mut self, event: Event) -> SseEvent {
         match event {
             Event::Started { execution_id, tool } => {
-                let data = json!({ "execution_id": &*execution_id, "tool": tool });
+                let data = response::started_data(&execution_id, &tool);
                 self.execution_id = Some(execution_id);
-                self.event("execution.started", &data.to_string())
+                self.event("execution.started", &data)
             }
             Event::Progress(progress) => {
-                let data = ProgressData {
-                    execution_id: self.execution_id.as_deref(),
-                    progress: progress.progress,
-                    total: progress.total,
-                    message: progress.message.as_deref(),
-                };
-                let data = serde_json::to_string(&data).expect("progress serializes");
-                self.event("tool.progress", &data)
+                let execution_id = self.execution_id.as_deref().unwrap_or_default();
+                let data = response::progress_data(execution_id, &progress);
+                self.event("tool.progress", &String::from_utf8_lossy(&data))
             }
         }
     }

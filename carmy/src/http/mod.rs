@@ -5,6 +5,7 @@ mod admin;
 mod documents;
 pub(crate) mod error;
 mod execute;
+mod executions;
 mod health;
 mod metrics;
 mod openapi;
@@ -67,6 +68,10 @@ pub(crate) fn router(
         .route(paths::CATALOG, get(documents::catalog))
         .route(paths::OPENAPI, get(openapi::document))
         .with_state(Arc::clone(current));
+    let executions = executions::router(executions::ExecutionsState {
+        executions: runtime.executions(),
+        keep_alive: settings.keep_alive,
+    });
     let execute = Router::new()
         .route(paths::EXECUTE, post(execute::execute))
         .route(paths::TOOL, post(openapi::call_tool))
@@ -77,6 +82,7 @@ pub(crate) fn router(
         });
     let mut router = documents
         .merge(execute)
+        .merge(executions)
         .merge(health)
         .merge(admin::router(reloader))
         .merge(metrics.unwrap_or_default())

@@ -8,7 +8,11 @@ use futures_util::future::BoxFuture;
 use redb::{Database, ReadableTable, TableDefinition};
 
 use super::record::{Cleanup, FINISHED, Found, RUNNING, Stored, UNCERTAIN};
-use super::{Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoreError};
+use super::{
+    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionSummary, Fingerprint, Finish,
+    IdempotencyKey, IdempotencyStore, ProcessExecutions, RecordedEvent, RecordedOutcome,
+    Reservation, StoreError,
+};
 
 /// (caller, request_id) → the encoded record.
 const RECORDS: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("carmy_records");
@@ -19,10 +23,18 @@ const CLEANUP_EVERY: Duration = Duration::from_secs(60);
 /// Idempotency records in a redb file: for a single node that must remember finished calls,
 /// and calls interrupted by a crash, across restarts, without running a database server.
 /// Every transition is a durable write transaction; only one process may open the file.
+///
+/// Executions (`protocol.md` §9) are kept in this process's memory, bounded to 64 MiB like the
+/// in-memory store's: the one process that owns the file answers for them, but they do not
+/// survive a restart (the idempotency records do).
 pub struct FileStore {
     database: Arc<Database>,
+    executions: ProcessExecutions,
     _cleanup: Cleanup,
 }
+
+/// The bytes of executions a file store keeps in memory.
+const EXECUTION_BYTES: usize = 64 * 1024 * 1024;
 
 impl std::fmt::Debug for FileStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -71,6 +83,7 @@ impl FileStore {
             })
         };
         Ok(FileStore {
+            executions: ProcessExecutions::new(EXECUTION_BYTES),
             database,
             _cleanup: cleanup,
         })
@@ -326,7 +339,67 @@ impl IdempotencyStore for FileStore {
 
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
         let database = Arc::clone(&self.database);
-        Box::pin(blocking(move || purge(&database)))
+        let executions = self.executions.purge_expired();
+        Box::pin(async move { Ok(blocking(move || purge(&database)).await? + executions) })
+    }
+
+    fn keeps_executions(&self) -> bool {
+        true
+    }
+
+    fn begin_execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a Arc<str>,
+        tool: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.executions.begin(caller, execution_id, tool, lease)
+    }
+
+    fn record_progress<'a>(
+        &'a self,
+        execution_id: &'a str,
+        event: RecordedEvent,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.executions.progress(execution_id, event)
+    }
+
+    fn end_execution<'a>(
+        &'a self,
+        execution_id: &'a str,
+        outcome: RecordedOutcome,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.executions.end(execution_id, outcome, ttl)
+    }
+
+    fn execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ExecutionRecord>, StoreError>> {
+        self.executions.get(caller, execution_id)
+    }
+
+    fn executions<'a>(
+        &'a self,
+        caller: &'a str,
+        query: &'a ExecutionQuery,
+    ) -> BoxFuture<'a, Result<Vec<ExecutionSummary>, StoreError>> {
+        self.executions.list(caller, query)
+    }
+
+    fn cancel_execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<Cancellation, StoreError>> {
+        self.executions.cancel(caller, execution_id)
+    }
+
+    fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
+        self.executions.changed(execution_id)
     }
 }
 

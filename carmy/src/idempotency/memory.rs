@@ -11,7 +11,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
-    Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoreError, StoredResponse,
+    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionSummary, Fingerprint, Finish,
+    IdempotencyKey, IdempotencyStore, ProcessExecutions, RecordedEvent, RecordedOutcome,
+    Reservation, StoreError, StoredResponse,
 };
 
 /// Records kept by default before the oldest finished ones are evicted.
@@ -34,10 +36,16 @@ const MAX_SHARDS: usize = 64;
 /// independently locked shards, so concurrent calls rarely contend; each shard holds an equal
 /// part of both bounds, and an answer larger than a shard's part is not kept: the record turns
 /// uncertain (a retry gets `EXECUTION_UNCERTAIN`, never a second run).
+///
+/// It also keeps executions for their callers (`protocol.md` §9), for this process only:
+/// another replica cannot look them up. They have a byte bound of their own, `max_bytes` as
+/// well: when it is reached, the executions that ended first are dropped, never a running one,
+/// and a new execution that still does not fit is refused (`503 IDEMPOTENCY_UNAVAILABLE`).
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     limits: Limits,
     hasher: RandomState,
+    executions: ProcessExecutions,
 }
 
 /// One shard's part of the store's bounds.
@@ -145,6 +153,7 @@ impl MemoryStore {
                 .collect(),
             limits,
             hasher: RandomState::new(),
+            executions: ProcessExecutions::new(max_bytes),
         }
     }
 
@@ -163,6 +172,11 @@ impl MemoryStore {
         (0..self.shards.len())
             .map(|index| self.lock(index).bytes)
             .sum()
+    }
+
+    /// How many bytes the kept executions take now, as their bound counts them.
+    pub fn execution_bytes(&self) -> usize {
+        self.executions.bytes()
     }
 
     /// How many records it holds now (running, finished and uncertain).
@@ -216,6 +230,7 @@ impl Shard {
                         let mut changed = changed.subscribe();
                         let lease_until = *lease_until;
                         return Reservation::Running {
+                            execution_id: record.execution_id.clone(),
                             changed: Box::pin(async move {
                                 // The sender is dropped when the record changes; the lease
                                 // passing changes it too.
@@ -485,7 +500,67 @@ impl IdempotencyStore for MemoryStore {
         let now = Instant::now();
         let purged = (0..self.shards.len())
             .map(|index| self.lock(index).purge_expired(now))
-            .sum();
+            .sum::<usize>()
+            + self.executions.purge_expired();
         Box::pin(std::future::ready(Ok(purged)))
+    }
+
+    fn keeps_executions(&self) -> bool {
+        true
+    }
+
+    fn begin_execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a Arc<str>,
+        tool: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.executions.begin(caller, execution_id, tool, lease)
+    }
+
+    fn record_progress<'a>(
+        &'a self,
+        execution_id: &'a str,
+        event: RecordedEvent,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.executions.progress(execution_id, event)
+    }
+
+    fn end_execution<'a>(
+        &'a self,
+        execution_id: &'a str,
+        outcome: RecordedOutcome,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.executions.end(execution_id, outcome, ttl)
+    }
+
+    fn execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ExecutionRecord>, StoreError>> {
+        self.executions.get(caller, execution_id)
+    }
+
+    fn executions<'a>(
+        &'a self,
+        caller: &'a str,
+        query: &'a ExecutionQuery,
+    ) -> BoxFuture<'a, Result<Vec<ExecutionSummary>, StoreError>> {
+        self.executions.list(caller, query)
+    }
+
+    fn cancel_execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<Cancellation, StoreError>> {
+        self.executions.cancel(caller, execution_id)
+    }
+
+    fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
+        self.executions.changed(execution_id)
     }
 }

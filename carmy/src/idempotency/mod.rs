@@ -9,6 +9,7 @@
 //! (`postgres`), `RedisStore` (`redis`) and `FileStore` (`file`). [`connect`] picks one by URL.
 
 mod connect;
+mod executions;
 #[cfg(feature = "file")]
 mod file;
 mod memory;
@@ -30,6 +31,11 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 
 pub use connect::{IDEMPOTENCY_URL_VAR, connect, connect_from_env, connect_with};
+pub(crate) use executions::ProcessExecutions;
+pub use executions::{
+    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionState, ExecutionSummary, KEPT_PROGRESS,
+    RecordedEvent, RecordedOutcome,
+};
 #[cfg(feature = "file")]
 pub use file::FileStore;
 pub use memory::MemoryStore;
@@ -109,6 +115,8 @@ pub enum Reservation {
     Finished(StoredResponse),
     /// The same call is running elsewhere: wait on `changed`, then reserve again.
     Running {
+        /// The execution holding the key (an async duplicate is answered with it).
+        execution_id: Arc<str>,
         /// Resolves when the record may have changed (a notification or a poll interval).
         changed: BoxFuture<'static, ()>,
     },
@@ -131,7 +139,10 @@ impl fmt::Debug for Reservation {
         match self {
             Reservation::Reserved => f.write_str("Reserved"),
             Reservation::Finished(response) => f.debug_tuple("Finished").field(response).finish(),
-            Reservation::Running { .. } => f.write_str("Running"),
+            Reservation::Running { execution_id, .. } => f
+                .debug_struct("Running")
+                .field("execution_id", execution_id)
+                .finish_non_exhaustive(),
             Reservation::Conflict { tool } => {
                 f.debug_struct("Conflict").field("tool", tool).finish()
             }
@@ -240,6 +251,86 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// Drops expired records; returns how many. Stores also expire records on their own.
     fn purge_expired(&self) -> BoxFuture<'_, Result<usize, StoreError>>;
 
+    /// Whether the store keeps executions for their callers (`protocol.md` §9): lookups,
+    /// re-attachment, cancellation, the list. A store that does not answers calls as before and
+    /// offers no async execution. The execution methods below are used only when it does.
+    fn keeps_executions(&self) -> bool {
+        false
+    }
+
+    /// Keeps the execution `execution_id` of `caller`, running, for at least `lease` (its
+    /// deadline and a margin); visible to its caller on every replica once this returns.
+    fn begin_execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a Arc<str>,
+        tool: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (caller, execution_id, tool, lease);
+        Box::pin(std::future::ready(Err(executions_not_kept())))
+    }
+
+    /// Adds a progress event to a running execution, keeping the latest [`KEPT_PROGRESS`].
+    fn record_progress<'a>(
+        &'a self,
+        execution_id: &'a str,
+        event: RecordedEvent,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (execution_id, event);
+        Box::pin(std::future::ready(Err(executions_not_kept())))
+    }
+
+    /// Records how the execution ended; it is kept `ttl` longer.
+    fn end_execution<'a>(
+        &'a self,
+        execution_id: &'a str,
+        outcome: RecordedOutcome,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (execution_id, outcome, ttl);
+        Box::pin(std::future::ready(Err(executions_not_kept())))
+    }
+
+    /// The execution `execution_id` if `caller` started it; `None` for anyone else, exactly as
+    /// for an id that does not exist.
+    fn execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ExecutionRecord>, StoreError>> {
+        let _ = (caller, execution_id);
+        Box::pin(std::future::ready(Err(executions_not_kept())))
+    }
+
+    /// The caller's executions that match `query`, newest first.
+    fn executions<'a>(
+        &'a self,
+        caller: &'a str,
+        query: &'a ExecutionQuery,
+    ) -> BoxFuture<'a, Result<Vec<ExecutionSummary>, StoreError>> {
+        let _ = (caller, query);
+        Box::pin(std::future::ready(Err(executions_not_kept())))
+    }
+
+    /// Asks for the caller's running execution to be cancelled; the replica running it learns
+    /// it through [`IdempotencyStore::execution_changed`].
+    fn cancel_execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<Cancellation, StoreError>> {
+        let _ = (caller, execution_id);
+        Box::pin(std::future::ready(Err(executions_not_kept())))
+    }
+
+    /// Resolves when the execution may have changed (an event, its end, a cancellation
+    /// request), or after a short interval: readers then look again.
+    fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
+        let _ = execution_id;
+        Box::pin(tokio::time::sleep(Duration::from_millis(250)))
+    }
+
     /// Checks that the store answers, for the health checks (run in the background, never per
     /// request). `None`, the default, for a store in the process: nothing to check.
     fn ping(&self) -> Option<BoxFuture<'_, Result<(), StoreError>>> {
@@ -284,4 +375,67 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
     fn ping(&self) -> Option<BoxFuture<'_, Result<(), StoreError>>> {
         (**self).ping()
     }
+
+    fn keeps_executions(&self) -> bool {
+        (**self).keeps_executions()
+    }
+
+    fn begin_execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a Arc<str>,
+        tool: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).begin_execution(caller, execution_id, tool, lease)
+    }
+
+    fn record_progress<'a>(
+        &'a self,
+        execution_id: &'a str,
+        event: RecordedEvent,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).record_progress(execution_id, event)
+    }
+
+    fn end_execution<'a>(
+        &'a self,
+        execution_id: &'a str,
+        outcome: RecordedOutcome,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).end_execution(execution_id, outcome, ttl)
+    }
+
+    fn execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ExecutionRecord>, StoreError>> {
+        (**self).execution(caller, execution_id)
+    }
+
+    fn executions<'a>(
+        &'a self,
+        caller: &'a str,
+        query: &'a ExecutionQuery,
+    ) -> BoxFuture<'a, Result<Vec<ExecutionSummary>, StoreError>> {
+        (**self).executions(caller, query)
+    }
+
+    fn cancel_execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<Cancellation, StoreError>> {
+        (**self).cancel_execution(caller, execution_id)
+    }
+
+    fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
+        (**self).execution_changed(execution_id)
+    }
+}
+
+fn executions_not_kept() -> StoreError {
+    StoreError::message("this store does not keep executions")
 }

@@ -52,6 +52,7 @@ impl Found {
         }
         match (self.state.as_str(), self.response) {
             (RUNNING, _) => Ok(Reservation::Running {
+                execution_id: Arc::from(self.execution_id),
                 changed: Box::pin(tokio::time::sleep(poll_interval(self.running_for))),
             }),
             (UNCERTAIN, _) => Ok(Reservation::Uncertain {
@@ -86,7 +87,7 @@ impl Stored {
         }
     }
 
-    fn response(self, execution_id: &str) -> Result<StoredResponse, StoreError> {
+    pub(crate) fn response(self, execution_id: &str) -> Result<StoredResponse, StoreError> {
         let unreadable = |what: &str, value: &str| {
             StoreError::message(format!("unreadable idempotency record: {what} `{value}`"))
         };

@@ -9,7 +9,9 @@ use redis::{ConnectionAddr, IntoConnectionInfo, RedisError, Script};
 
 use super::record::{Found, Stored, reserve_within, within};
 use super::{
-    Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoreError, StoreOptions,
+    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionState, ExecutionSummary, Fingerprint,
+    Finish, IdempotencyKey, IdempotencyStore, KEPT_PROGRESS, RecordedEvent, RecordedOutcome,
+    Reservation, StoreError, StoreOptions,
 };
 
 /// How many command timeouts redis-rs waits for an answer before it fails the command itself.
@@ -71,6 +73,70 @@ end
 return 0
 ";
 
+/// Keeps a running execution (`protocol.md` §9) until its lease.
+///
+/// KEYS: the execution. ARGV: caller, tool, lease (ms).
+const BEGIN_EXECUTION: &str = r"
+redis.call('HSET', KEYS[1], 'caller', ARGV[1], 'tool', ARGV[2], 'cancel', '0')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+";
+
+/// Adds a progress event (`<id> <data>`) to a running execution, keeping the latest ones.
+///
+/// KEYS: the execution, its events. ARGV: event id, data, how many to keep.
+const RECORD_PROGRESS: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'status') == 1 then
+  return 0
+end
+redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. ARGV[2])
+redis.call('LTRIM', KEYS[2], -tonumber(ARGV[3]), -1)
+redis.call('PEXPIRE', KEYS[2], redis.call('PTTL', KEYS[1]))
+return 1
+";
+
+/// Records how a running execution ended; it and its events are kept for the ttl.
+///
+/// KEYS: the execution, its events. ARGV: status, category (or ''), code (or ''), body,
+/// completed event id, ttl (ms).
+const END_EXECUTION: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'status') == 1 then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'body', ARGV[4], 'final_event_id', ARGV[5])
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'category', ARGV[2]) end
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'code', ARGV[3]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[6]) end
+return 1
+";
+
+/// Reads an execution of a caller and its events, in one step.
+///
+/// KEYS: the execution, its events. ARGV: caller.
+const READ_EXECUTION: &str = r"
+local r = redis.call('HMGET', KEYS[1], 'caller', 'tool', 'status', 'category', 'code', 'body',
+  'final_event_id', 'cancel')
+if r[1] ~= ARGV[1] then return {} end
+return {r[2], r[3] or '', r[4] or '', r[5] or '', r[6] or '', r[7] or '', r[8],
+  redis.call('LRANGE', KEYS[2], 0, -1)}
+";
+
+/// Marks a caller's running execution cancelled; says what it found.
+///
+/// KEYS: the execution. ARGV: caller.
+const CANCEL_EXECUTION: &str = r"
+if redis.call('HGET', KEYS[1], 'caller') ~= ARGV[1] then return 'not_found' end
+if redis.call('HEXISTS', KEYS[1], 'status') == 1 then return 'ended' end
+redis.call('HSET', KEYS[1], 'cancel', '1')
+return 'requested'
+";
+
+/// How often a reader of an execution looks at it again: polling, not pub/sub, so a store
+/// needs one connection; a cancellation reaches the running replica within it, well inside
+/// the 1 s the protocol allows.
+const EXECUTION_POLL: Duration = Duration::from_millis(200);
+
 /// Idempotency records in Redis, so that replicas sharing the server never run one request
 /// twice. Every transition is one Lua script on one hash, so no interleaving of replicas loses
 /// a record; keys are hash-tagged (`carmy:idempotency:{…}`) so each lives in one cluster slot.
@@ -90,6 +156,11 @@ struct Inner {
     reserve: Script,
     finish: Script,
     release: Script,
+    begin_execution: Script,
+    record_progress: Script,
+    end_execution: Script,
+    read_execution: Script,
+    cancel_execution: Script,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -190,6 +261,28 @@ fn record_key(key: &IdempotencyKey) -> String {
     )
 }
 
+/// An execution's hash; its events' list shares the hash tag (one cluster slot).
+fn execution_key(execution_id: &str) -> String {
+    format!("carmy:execution:{{{execution_id}}}")
+}
+
+fn events_key(execution_id: &str) -> String {
+    format!("carmy:execution:{{{execution_id}}}:events")
+}
+
+/// A caller's executions, by id (a UUID v7: lexical order is time order).
+fn caller_key(caller: &str) -> String {
+    format!("carmy:executions:{{{}:{caller}}}", caller.len())
+}
+
+fn unreadable(what: &str) -> StoreError {
+    StoreError::message(format!("unreadable execution: {what}"))
+}
+
+fn text(bytes: Vec<u8>) -> Result<String, StoreError> {
+    String::from_utf8(bytes).map_err(|_| unreadable("not UTF-8"))
+}
+
 impl RedisStore {
     /// Connects to the server at `url` (`redis://host:port/db`, or `rediss://` for TLS).
     /// Fails if the server cannot be reached.
@@ -214,6 +307,11 @@ impl RedisStore {
                 reserve: Script::new(RESERVE),
                 finish: Script::new(FINISH),
                 release: Script::new(RELEASE),
+                begin_execution: Script::new(BEGIN_EXECUTION),
+                record_progress: Script::new(RECORD_PROGRESS),
+                end_execution: Script::new(END_EXECUTION),
+                read_execution: Script::new(READ_EXECUTION),
+                cancel_execution: Script::new(CANCEL_EXECUTION),
             }),
             timeout: options.command_timeout,
         })
@@ -317,6 +415,148 @@ impl Inner {
     }
 }
 
+impl Inner {
+    async fn read_execution(
+        &self,
+        caller: &str,
+        execution_id: &str,
+    ) -> Result<Option<ExecutionRecord>, StoreError> {
+        let reply: Vec<redis::Value> = self
+            .read_execution
+            .key(execution_key(execution_id))
+            .key(events_key(execution_id))
+            .arg(caller)
+            .invoke_async(&mut self.connection.clone())
+            .await
+            .map_err(failed)?;
+        if reply.is_empty() {
+            return Ok(None);
+        }
+        let mut fields = reply.into_iter();
+        let mut next_bytes = || -> Result<Vec<u8>, StoreError> {
+            match fields.next() {
+                Some(value) => {
+                    redis::from_redis_value(value).map_err(|error| StoreError(Box::new(error)))
+                }
+                None => Err(unreadable("missing field")),
+            }
+        };
+        let tool = text(next_bytes()?)?;
+        let status = text(next_bytes()?)?;
+        let category = text(next_bytes()?)?;
+        let code = text(next_bytes()?)?;
+        let body = next_bytes()?;
+        let final_event_id = text(next_bytes()?)?;
+        let cancel = text(next_bytes()?)?;
+        let events: Vec<Vec<u8>> = match fields.next() {
+            Some(value) => {
+                redis::from_redis_value(value).map_err(|error| StoreError(Box::new(error)))?
+            }
+            None => Vec::new(),
+        };
+        let progress = events
+            .into_iter()
+            .map(|entry| {
+                let space = entry
+                    .iter()
+                    .position(|byte| *byte == b' ')
+                    .ok_or_else(|| unreadable("event"))?;
+                let id = std::str::from_utf8(&entry[..space])
+                    .ok()
+                    .and_then(|id| id.parse().ok())
+                    .ok_or_else(|| unreadable("event id"))?;
+                Ok(RecordedEvent {
+                    id,
+                    data: entry[space + 1..].to_vec().into(),
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let outcome = if status.is_empty() {
+            None
+        } else {
+            let stored = Stored {
+                status,
+                category: (!category.is_empty()).then_some(category),
+                code: (!code.is_empty()).then_some(code),
+                body,
+            };
+            Some(RecordedOutcome {
+                response: stored.response(execution_id)?,
+                event_id: final_event_id
+                    .parse()
+                    .map_err(|_| unreadable("final event id"))?,
+            })
+        };
+        Ok(Some(ExecutionRecord {
+            execution_id: Arc::from(execution_id),
+            tool: Arc::from(tool),
+            progress,
+            outcome,
+            cancel_requested: cancel == "1",
+        }))
+    }
+
+    async fn list_executions(
+        &self,
+        caller: &str,
+        query: &ExecutionQuery,
+    ) -> Result<Vec<ExecutionSummary>, StoreError> {
+        let index = caller_key(caller);
+        let mut connection = self.connection.clone();
+        let mut found = Vec::new();
+        let mut upper = match &query.before {
+            Some(before) => format!("({before}"),
+            None => "+".to_owned(),
+        };
+        // Pages of the index until enough executions match (expired ones leave the index here).
+        while found.len() < query.limit {
+            let ids: Vec<String> = redis::cmd("ZREVRANGEBYLEX")
+                .arg(&index)
+                .arg(&upper)
+                .arg("-")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(query.limit)
+                .query_async(&mut connection)
+                .await
+                .map_err(failed)?;
+            let Some(last) = ids.last() else { break };
+            upper = format!("({last}");
+            for id in &ids {
+                let mut read = redis::cmd("HMGET");
+                read.arg(execution_key(id)).arg("tool").arg("status");
+                let (tool, status): (Option<String>, Option<String>) =
+                    read.query_async(&mut connection).await.map_err(failed)?;
+                let Some(tool) = tool else {
+                    let _: i64 = redis::cmd("ZREM")
+                        .arg(&index)
+                        .arg(id)
+                        .query_async(&mut connection)
+                        .await
+                        .map_err(failed)?;
+                    continue;
+                };
+                let state = match status {
+                    None => ExecutionState::Running,
+                    Some(status) => {
+                        ExecutionState::from_wire(&status).ok_or_else(|| unreadable("status"))?
+                    }
+                };
+                let wanted = query.state.is_none_or(|wanted| wanted == state)
+                    && query.tool.as_deref().is_none_or(|wanted| wanted == tool);
+                if wanted && found.len() < query.limit {
+                    found.push(ExecutionSummary {
+                        execution_id: Arc::from(id.as_str()),
+                        tool: Arc::from(tool),
+                        state,
+                    });
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
 impl IdempotencyStore for RedisStore {
     fn reserve<'a>(
         &'a self,
@@ -387,5 +627,143 @@ impl IdempotencyStore for RedisStore {
                 .await
                 .map_err(failed)
         })))
+    }
+
+    fn keeps_executions(&self) -> bool {
+        true
+    }
+
+    fn begin_execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a Arc<str>,
+        tool: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(within(self.timeout, async move {
+            let mut connection = self.inner.connection.clone();
+            let _: i64 = self
+                .inner
+                .begin_execution
+                .key(execution_key(execution_id))
+                .arg(caller)
+                .arg(tool)
+                .arg(millis(lease))
+                .invoke_async(&mut connection)
+                .await
+                .map_err(failed)?;
+            // The caller's index lives in the caller's slot: a second command. Its entries
+            // outlive their executions and are dropped when a listing finds them gone.
+            let index = caller_key(caller);
+            let _: () = redis::pipe()
+                .cmd("ZADD")
+                .arg(&index)
+                .arg(0)
+                .arg(&**execution_id)
+                .ignore()
+                .cmd("PERSIST")
+                .arg(&index)
+                .ignore()
+                .query_async(&mut connection)
+                .await
+                .map_err(failed)?;
+            Ok(())
+        }))
+    }
+
+    fn record_progress<'a>(
+        &'a self,
+        execution_id: &'a str,
+        event: RecordedEvent,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(within(self.timeout, async move {
+            let _: i64 = self
+                .inner
+                .record_progress
+                .key(execution_key(execution_id))
+                .key(events_key(execution_id))
+                .arg(event.id)
+                .arg(event.data.as_ref())
+                .arg(KEPT_PROGRESS)
+                .invoke_async(&mut self.inner.connection.clone())
+                .await
+                .map_err(failed)?;
+            Ok(())
+        }))
+    }
+
+    fn end_execution<'a>(
+        &'a self,
+        execution_id: &'a str,
+        outcome: RecordedOutcome,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(within(self.timeout, async move {
+            let (_, stored) = Stored::of(&Finish::Response(outcome.response));
+            let stored = stored.ok_or_else(|| unreadable("an ended execution has a response"))?;
+            let _: i64 = self
+                .inner
+                .end_execution
+                .key(execution_key(execution_id))
+                .key(events_key(execution_id))
+                .arg(&stored.status)
+                .arg(stored.category.as_deref().unwrap_or(""))
+                .arg(stored.code.as_deref().unwrap_or(""))
+                .arg(stored.body.as_slice())
+                .arg(outcome.event_id)
+                .arg(millis(ttl))
+                .invoke_async(&mut self.inner.connection.clone())
+                .await
+                .map_err(failed)?;
+            Ok(())
+        }))
+    }
+
+    fn execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ExecutionRecord>, StoreError>> {
+        Box::pin(within(
+            self.timeout,
+            self.inner.read_execution(caller, execution_id),
+        ))
+    }
+
+    fn executions<'a>(
+        &'a self,
+        caller: &'a str,
+        query: &'a ExecutionQuery,
+    ) -> BoxFuture<'a, Result<Vec<ExecutionSummary>, StoreError>> {
+        Box::pin(within(
+            self.timeout,
+            self.inner.list_executions(caller, query),
+        ))
+    }
+
+    fn cancel_execution<'a>(
+        &'a self,
+        caller: &'a str,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<Cancellation, StoreError>> {
+        Box::pin(within(self.timeout, async move {
+            let found: String = self
+                .inner
+                .cancel_execution
+                .key(execution_key(execution_id))
+                .arg(caller)
+                .invoke_async(&mut self.inner.connection.clone())
+                .await
+                .map_err(failed)?;
+            Ok(match found.as_str() {
+                "requested" => Cancellation::Requested,
+                "ended" => Cancellation::Ended,
+                _ => Cancellation::NotFound,
+            })
+        }))
+    }
+
+    fn execution_changed(&self, _execution_id: &str) -> BoxFuture<'static, ()> {
+        Box::pin(tokio::time::sleep(EXECUTION_POLL))
     }
 }

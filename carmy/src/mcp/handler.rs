@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use axum::http::request::Parts;
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-    ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
-    ProtocolVersion, ServerCapabilities, ServerConfig,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
+    ContentBlock, CreateTaskResult, DetailedTask, GetTaskParams, GetTaskResult, ListToolsResult,
+    MetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion,
+    ServerCapabilities, ServerConfig, Task, TaskPayload, TaskStatus, Tool,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -18,8 +19,10 @@ use tracing::Instrument;
 
 use super::tools::{self, LIST_TTL_MS};
 use crate::context::{Event, EventReceiver, event_channel};
-use crate::principal::Principal;
-use crate::runtime::{self, Call, Outcome, Runtime};
+use crate::executions::{self, RETRY_AFTER};
+use crate::idempotency::{Cancellation, ExecutionStatus};
+use crate::principal::{Principal, TrustLevel};
+use crate::runtime::{self, Answer, Call, Delivery, Outcome, Runtime};
 use crate::settings::{Current, Settings};
 use crate::telemetry::{self, TraceParent};
 use crate::tool_error::ToolError;
@@ -70,7 +73,12 @@ impl McpHandler {
         current: Current,
         local_principal: Principal,
     ) -> Self {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        // Tasks (the 2026-07-28 tasks extension) are executions run detached (`protocol.md` §9).
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tasks()
+            .build();
+        let mut info = ServerConfig::new(capabilities);
         info.server_info = rmcp::model::Implementation::new(name, env!("CARGO_PKG_VERSION"));
         McpHandler {
             shared: Arc::new(Shared {
@@ -171,6 +179,32 @@ impl McpHandler {
         // The SDK fires this token on `notifications/cancelled`, on a closed response stream
         // (2026-07-28) and when the session ends.
         let cancel = context.ct.clone();
+        // A client that takes tasks gets one for a call that runs detached (its tool is not
+        // `mode = "sync"`, its caller identified); progress then goes to the record.
+        let takes_tasks = context
+            .client_capabilities()
+            .is_some_and(|capabilities| capabilities.supports_tasks());
+        if takes_tasks {
+            let delivery = Delivery {
+                cancel,
+                events: None,
+                prefer_async: true,
+            };
+            return match self.shared.runtime.call(call, delivery).await {
+                Answer::Accepted(accepted) => {
+                    let created = executions::created_at(&accepted.execution_id);
+                    let task = Task::new(
+                        accepted.execution_id.to_string(),
+                        TaskStatus::Working,
+                        created.clone(),
+                        created,
+                    )
+                    .with_poll_interval_ms(poll_interval_ms());
+                    Ok(CallToolResponse::Task(CreateTaskResult::new(task)))
+                }
+                Answer::Outcome(outcome) => answer(&outcome, structured),
+            };
+        }
         let outcome = match context.meta.get_progress_token() {
             None => self.shared.runtime.execute(call, cancel, None).await,
             Some(token) => {
@@ -181,6 +215,97 @@ impl McpHandler {
         };
         answer(&outcome, structured)
     }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        Ok(GetTaskResult::new(
+            self.task(&request.task_id, &context).await?,
+        ))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let principal = self.principal(&context);
+        match self
+            .shared
+            .runtime
+            .executions()
+            .cancel(&principal, &request.task_id)
+            .await
+        {
+            Ok(Cancellation::Requested | Cancellation::Ended) => Ok(()),
+            Ok(Cancellation::NotFound) => Err(no_such_task()),
+            Err(error) => Err(ErrorData::internal_error(error.message().to_owned(), None)),
+        }
+    }
+}
+
+impl McpHandler {
+    /// `tasks/get`: the caller's execution as a task; another caller's is unknown.
+    async fn task(
+        &self,
+        task_id: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<DetailedTask, ErrorData> {
+        let principal = self.principal(context);
+        let record = self
+            .shared
+            .runtime
+            .executions()
+            .lookup(&principal, task_id)
+            .await
+            .map_err(|error| ErrorData::internal_error(error.message().to_owned(), None))?
+            .ok_or_else(no_such_task)?;
+        let created = executions::created_at(&record.execution_id);
+        let task = Task::new(
+            record.execution_id.to_string(),
+            TaskStatus::Working,
+            created.clone(),
+            created,
+        )
+        .with_poll_interval_ms(poll_interval_ms());
+        let Some(ended) = record.outcome else {
+            return Ok(DetailedTask::new(task, TaskPayload::Working));
+        };
+        if ended.response.status == ExecutionStatus::Cancelled {
+            return Ok(DetailedTask::new(task, TaskPayload::Cancelled));
+        }
+        let structured = self
+            .shared
+            .runtime
+            .catalog()
+            .get_visible(&record.tool, principal.trust())
+            .is_some_and(tools::has_structured_output);
+        let outcome = Outcome {
+            response: ended.response,
+            replayed: false,
+            retry_after: None,
+        };
+        // The result the call would have given, tool errors included (`isError`).
+        let result = match answer(&outcome, structured)? {
+            CallToolResponse::Complete(result) => serde_json::to_value(result).ok(),
+            _ => None,
+        };
+        let Some(Value::Object(result)) = result else {
+            return Err(ErrorData::internal_error("unreadable task result", None));
+        };
+        let payload = TaskPayload::Completed { result };
+        Ok(DetailedTask::new(task, payload))
+    }
+}
+
+fn no_such_task() -> ErrorData {
+    ErrorData::invalid_params("no such task", None)
+}
+
+fn poll_interval_ms() -> u64 {
+    u64::try_from(RETRY_AFTER.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Runs `execution`, sending its progress as `notifications/progress` before the answer.

@@ -17,24 +17,25 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::catalog::Catalog;
-use crate::context::{Context, Event, EventSender};
+use crate::context::{Context, Event, EventReceiver, EventSender, journal_channel};
 use crate::error::Error;
 use crate::health::Health;
 use crate::idempotency::{
-    Fingerprint, Finish, IdempotencyKey, IdempotencyStore, Reservation, StoredResponse,
+    Fingerprint, Finish, IdempotencyKey, IdempotencyStore, KEPT_PROGRESS, RecordedEvent,
+    RecordedOutcome, Reservation, StoredResponse,
 };
 use crate::principal::{Principal, TrustLevel};
 use crate::reload::Reloads;
 use crate::state::StateMap;
 use crate::telemetry::{self, Metrics};
-use crate::tool::{Confirmation, Invocation, ToolDescriptor};
+use crate::tool::{Confirmation, Invocation, Mode, ToolDescriptor};
 use crate::tool_error::{Category, ToolError, clip};
 use crate::wire::codes;
 use repeated::Repeated;
@@ -105,6 +106,33 @@ pub(crate) struct Outcome {
     pub(crate) retry_after: Option<Duration>,
 }
 
+/// How a transport wants a call delivered.
+#[derive(Debug)]
+pub(crate) struct Delivery {
+    /// Fired when the client goes away; ignored by an execution that runs detached.
+    pub(crate) cancel: CancellationToken,
+    /// Where a streaming transport wants the events.
+    pub(crate) events: Option<EventSender>,
+    /// The client asked for an asynchronous answer (`Prefer: respond-async`).
+    pub(crate) prefer_async: bool,
+}
+
+/// What a call was answered with.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// The answer itself.
+    Outcome(Outcome),
+    /// The execution runs detached; its caller reads it back by id (`protocol.md` §9).
+    Accepted(Accepted),
+}
+
+/// An execution that was started detached (or was already running for the same request).
+#[derive(Debug, Clone)]
+pub(crate) struct Accepted {
+    pub(crate) execution_id: Arc<str>,
+    pub(crate) tool: &'static str,
+}
+
 /// A `request_id` is 1–256 bytes of printable ASCII.
 pub(crate) fn check_request_id(request_id: &str) -> Result<(), ToolError> {
     if (1..=256).contains(&request_id.len())
@@ -160,6 +188,10 @@ struct Prepared {
     principal: Principal,
     idempotency: Option<(IdempotencyKey, Fingerprint)>,
     deadline: Instant,
+    /// The execution is kept for its caller (`protocol.md` §9).
+    kept: bool,
+    /// It runs detached from the connection and is answered with `202`.
+    detached: bool,
 }
 
 impl Prepared {
@@ -180,6 +212,16 @@ struct Rejected {
 enum Ended {
     Output(bytes::Bytes),
     Error(ToolError),
+}
+
+/// What the reservation of an idempotency key came to.
+enum Claim {
+    /// The key is this execution's: run.
+    Reserved,
+    /// The call is answered already (a replay, a conflict, a wait that ended without one).
+    Answered(Outcome),
+    /// The same call runs as this execution (reported instead of waiting, for async calls).
+    HeldBy(Arc<str>),
 }
 
 /// How running the tool ended.
@@ -231,6 +273,11 @@ impl Runtime {
         self.metrics.as_ref()
     }
 
+    /// The executions kept for their callers (`protocol.md` §9).
+    pub(crate) fn executions(&self) -> crate::executions::Executions {
+        crate::executions::Executions::new(Arc::clone(&self.store))
+    }
+
     /// Cancels every execution still running.
     pub(crate) fn cancel_all(&self) {
         self.shutdown.cancel();
@@ -249,14 +296,35 @@ impl Runtime {
         self.tasks.reopen();
     }
 
-    /// Runs `call`. Firing `cancel` (the client went away) cancels the execution; the outcome
-    /// is still recorded, because the execution runs in its own task.
+    /// Runs `call` and waits for its answer: for transports without asynchronous answers. An
+    /// execution that runs detached anyway (a `mode = "async"` tool) is waited for here.
     pub(crate) async fn execute(
         self: &Arc<Self>,
         call: Call,
         cancel: CancellationToken,
         events: Option<EventSender>,
     ) -> Outcome {
+        let principal = call.principal.clone();
+        let delivery = Delivery {
+            cancel,
+            events,
+            prefer_async: false,
+        };
+        match self.call(call, delivery).await {
+            Answer::Outcome(outcome) => outcome,
+            Answer::Accepted(accepted) => self.wait_for(&principal, &accepted).await,
+        }
+    }
+
+    /// Runs `call`: the one pipeline of every transport. Firing `delivery.cancel` (the client
+    /// went away) cancels a synchronous execution; its outcome is still recorded, because an
+    /// execution with a record runs in its own task. A detached one is answered at once.
+    pub(crate) async fn call(self: &Arc<Self>, call: Call, delivery: Delivery) -> Answer {
+        let Delivery {
+            cancel,
+            events,
+            prefer_async,
+        } = delivery;
         let execution_id: Arc<str> = format!("exec_{}", uuid::Uuid::now_v7()).into();
         let span = telemetry::execution_span(&execution_id, call.request_id.as_deref(), &call.tool);
         // The catalog's name, for the metrics' label: never the caller's text, and none for a
@@ -267,14 +335,24 @@ impl Runtime {
             Some(tool.descriptor.name)
         });
         let started = Instant::now();
-        let outcome = match self.prepare(call, execution_id.clone()) {
+        let outcome = match self.prepare(call, execution_id.clone(), prefer_async) {
             Err(rejected) => {
                 let _entered = span.enter();
                 self.answer_rejection(&execution_id, &rejected, events.as_ref())
             }
-            // Without a request_id nothing is recorded, so the execution can run in this
-            // future: if the client goes away, dropping it cancels the tool.
-            Ok(prepared) if prepared.idempotency.is_none() => {
+            Ok(prepared) if prepared.detached => {
+                span.record("effect", prepared.tool.effect.as_str());
+                return match self.start(prepared, span.clone(), started).await {
+                    Ok(accepted) => Answer::Accepted(accepted),
+                    Err(outcome) => {
+                        record_span(&span, &outcome, started);
+                        Answer::Outcome(outcome)
+                    }
+                };
+            }
+            // Without a record, the execution can run in this future: if the client goes
+            // away, dropping it cancels the tool.
+            Ok(prepared) if prepared.idempotency.is_none() && !prepared.kept => {
                 span.record("effect", prepared.tool.effect.as_str());
                 Arc::clone(self)
                     .run(prepared, cancel, events)
@@ -302,16 +380,109 @@ impl Runtime {
             }
         };
         record_span(&span, &outcome, started);
+        self.count_answer(tool, &outcome, started);
+        Answer::Outcome(outcome)
+    }
+
+    /// Starts `prepared` detached from the connection: reserve, take a slot, keep the
+    /// execution, then run it in its own task under its deadline. `Err`: answered at once (a
+    /// replay, a conflict, no capacity).
+    async fn start(
+        self: &Arc<Self>,
+        prepared: Prepared,
+        span: tracing::Span,
+        started: Instant,
+    ) -> Result<Accepted, Outcome> {
+        // Nobody's connection: only the store (a DELETE) or a shutdown cancels it.
+        let cancel = CancellationToken::new();
+        if let Some((key, fingerprint)) = &prepared.idempotency {
+            match self
+                .reserve(&prepared, key, fingerprint, &cancel, None, false)
+                .instrument(span.clone())
+                .await
+            {
+                Claim::Reserved => {}
+                Claim::Answered(outcome) => return Err(outcome),
+                Claim::HeldBy(execution_id) => {
+                    return Ok(Accepted {
+                        execution_id,
+                        tool: prepared.tool.name,
+                    });
+                }
+            }
+        }
+        let permit = self.admit(&prepared, None).instrument(span.clone()).await?;
+        let accepted = Accepted {
+            execution_id: prepared.execution_id.clone(),
+            tool: prepared.tool.name,
+        };
+        let runtime = Arc::clone(self);
+        self.tasks.spawn(
+            async move {
+                let tool = prepared.tool.name;
+                let outcome = runtime.perform(prepared, permit, cancel, None).await;
+                record_span(&tracing::Span::current(), &outcome, started);
+                runtime.count_answer(Some(tool), &outcome, started);
+            }
+            .instrument(span),
+        );
+        Ok(accepted)
+    }
+
+    /// The answer of a detached execution, once it has ended (read back from the store).
+    async fn wait_for(&self, principal: &Principal, accepted: &Accepted) -> Outcome {
+        loop {
+            let changed = self.store.execution_changed(&accepted.execution_id);
+            match self
+                .store
+                .execution(principal.id(), &accepted.execution_id)
+                .await
+            {
+                Ok(Some(record)) => {
+                    if let Some(ended) = record.outcome {
+                        return Outcome {
+                            response: ended.response,
+                            replayed: false,
+                            retry_after: None,
+                        };
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::error!(%error, "could not read a detached execution back");
+                    let error = ToolError::capacity(
+                        codes::IDEMPOTENCY_UNAVAILABLE,
+                        "the idempotency store is unavailable",
+                    )
+                    .retryable(Duration::from_secs(1));
+                    return answer_error(
+                        &accepted.execution_id,
+                        ExecutionStatus::Failed,
+                        &error,
+                        &[],
+                    );
+                }
+            }
+            changed.await;
+        }
+    }
+
+    /// Counts an answered call for `/metrics`, when they are on.
+    fn count_answer(&self, tool: Option<&'static str>, outcome: &Outcome, started: Instant) {
         if let Some(metrics) = &self.metrics {
             let status = outcome.response.status;
             metrics.execution_answered(tool, status, outcome.replayed, started.elapsed());
         }
-        outcome
     }
 
     /// The checks that need no record: resolve, gate, validate. On failure, returns the error
     /// and the arguments (for the suggestions).
-    fn prepare(&self, call: Call, execution_id: Arc<str>) -> Result<Prepared, Rejected> {
+    fn prepare(
+        &self,
+        call: Call,
+        execution_id: Arc<str>,
+        prefer_async: bool,
+    ) -> Result<Prepared, Rejected> {
         let Call {
             catalog,
             tool,
@@ -357,6 +528,16 @@ impl Runtime {
             )
         });
         let timeout = entry.timeout.unwrap_or(self.settings.default_timeout);
+        // Executions belong to an identified caller: an anonymous one could not be read back
+        // by its caller alone.
+        let keepable = self.store.keeps_executions() && principal.trust() != TrustLevel::Anonymous;
+        let detached = keepable
+            && match descriptor.mode {
+                Mode::Async => true,
+                Mode::Sync => false,
+                Mode::Either => prefer_async,
+            };
+        let kept = keepable && (detached || idempotency.is_some());
         Ok(Prepared {
             execution_id,
             tool: descriptor,
@@ -365,6 +546,8 @@ impl Runtime {
             principal,
             idempotency,
             deadline: Instant::now() + timeout,
+            kept,
+            detached,
         })
     }
 
@@ -376,35 +559,131 @@ impl Runtime {
         cancel: CancellationToken,
         events: Option<EventSender>,
     ) -> Outcome {
-        if let Some((key, fingerprint)) = &prepared.idempotency
-            && let Some(outcome) = self
-                .reserve(&prepared, key, fingerprint, &cancel, events.as_ref())
+        if let Some((key, fingerprint)) = &prepared.idempotency {
+            match self
+                .reserve(&prepared, key, fingerprint, &cancel, events.as_ref(), true)
                 .await
-        {
-            return outcome;
+            {
+                Claim::Reserved => {}
+                Claim::Answered(outcome) => return outcome,
+                Claim::HeldBy(execution_id) => {
+                    // Only an async start asks not to wait; a synchronous call always waits.
+                    tracing::error!(%execution_id, "a synchronous call did not wait");
+                    let error = ToolError::internal(codes::INTERNAL, "internal error");
+                    return answer_error(
+                        &prepared.execution_id,
+                        ExecutionStatus::Failed,
+                        &error,
+                        &[],
+                    );
+                }
+            }
         }
-        let Ok(_permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+        let permit = match self.admit(&prepared, events.as_ref()).await {
+            Ok(permit) => permit,
+            Err(outcome) => return outcome,
+        };
+        self.perform(prepared, permit, cancel, events).await
+    }
+
+    /// Takes an in-flight slot and, for a kept execution, keeps it in the store: visible to
+    /// its caller from now on. `Err`: the answer (no capacity, the store failed).
+    async fn admit(
+        &self,
+        prepared: &Prepared,
+        events: Option<&EventSender>,
+    ) -> Result<OwnedSemaphorePermit, Outcome> {
+        let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
             if let Some((key, _)) = &prepared.idempotency {
-                self.release(&prepared, key).await;
+                self.release(prepared, key).await;
             }
             let error = ToolError::capacity(codes::OVERLOADED, "too many executions in flight")
                 .retryable(Duration::from_secs(1));
-            return self.answer_failure(
-                &prepared,
-                ExecutionStatus::Failed,
-                &error,
-                events.as_ref(),
-            );
+            return Err(self.answer_failure(prepared, ExecutionStatus::Failed, &error, events));
         };
-        emit_started(events.as_ref(), &prepared.execution_id, prepared.tool.name);
-        let running = self.metrics.as_deref().map(Metrics::execution_running);
-        let ran = self.invoke(&prepared, &cancel, events.as_ref()).await;
-        drop(running);
-        self.conclude(&prepared, ran, events.as_ref()).await
+        if prepared.kept {
+            let lease = prepared.deadline.saturating_duration_since(Instant::now()) + LEASE_MARGIN;
+            if let Err(store_error) = self
+                .store
+                .begin_execution(
+                    prepared.principal.id(),
+                    &prepared.execution_id,
+                    prepared.tool.name,
+                    lease,
+                )
+                .await
+            {
+                if let Some((key, _)) = &prepared.idempotency {
+                    self.release(prepared, key).await;
+                }
+                return Err(self.store_failed(prepared, &store_error, events));
+            }
+        }
+        Ok(permit)
     }
 
-    /// Claims the idempotency key. `None`: reserved, go on and run. `Some`: the answer (a
-    /// replay, a conflict, or a wait that ended without one).
+    /// Runs the admitted execution and records how it ended.
+    async fn perform(
+        self: Arc<Self>,
+        prepared: Prepared,
+        _permit: OwnedSemaphorePermit,
+        cancel: CancellationToken,
+        events: Option<EventSender>,
+    ) -> Outcome {
+        emit_started(events.as_ref(), &prepared.execution_id, prepared.tool.name);
+        let running = self.metrics.as_deref().map(Metrics::execution_running);
+        if !prepared.kept {
+            let ran = self.invoke(&prepared, &cancel, events.as_ref()).await;
+            drop(running);
+            return self.conclude(&prepared, ran, events.as_ref()).await;
+        }
+        // A kept execution's events go to the store (any replica replays them) and on to a
+        // client streaming this call; a cancellation request through the store cancels it.
+        let (recorder, recorded) = journal_channel(KEPT_PROGRESS);
+        let mut journal = Journal {
+            store: Arc::clone(&self.store),
+            execution_id: prepared.execution_id.clone(),
+            events: recorded,
+            forward: events.clone(),
+            next_id: FIRST_PROGRESS_ID,
+        };
+        let requested = cancellation_requested(
+            Arc::clone(&self.store),
+            prepared.principal.shared_id(),
+            prepared.execution_id.clone(),
+        );
+        let ran = tokio::select! {
+            biased;
+            ran = self.invoke(&prepared, &cancel, Some(&recorder)) => ran,
+            () = requested => Ran::Cancelled,
+            () = journal.write_forever() => unreachable!("the journal waits for events forever"),
+        };
+        drop(running);
+        journal.write_waiting().await;
+        let outcome = self.conclude(&prepared, ran, events.as_ref()).await;
+        let ended = RecordedOutcome {
+            response: outcome.response.clone(),
+            event_id: journal.next_id,
+        };
+        let ttl = self.settings.record_ttl;
+        let attempt = || {
+            self.store
+                .end_execution(&prepared.execution_id, ended.clone(), ttl)
+        };
+        if let Err(error) = with_backoff(attempt, prepared.lease_end()).await
+            && let Some(held_back) = self.logs.record.admit()
+        {
+            tracing::error!(
+                error = %error,
+                "could not record how a kept execution ended{}",
+                repeated::summary(held_back)
+            );
+        }
+        outcome
+    }
+
+    /// Claims the idempotency key. A duplicate of a running call waits for it when `wait`,
+    /// and is told which execution runs it otherwise.
     async fn reserve(
         &self,
         prepared: &Prepared,
@@ -412,7 +691,8 @@ impl Runtime {
         fingerprint: &Fingerprint,
         cancel: &CancellationToken,
         events: Option<&EventSender>,
-    ) -> Option<Outcome> {
+        wait: bool,
+    ) -> Claim {
         loop {
             // The claim outlives the deadline by a margin, so that only an execution that
             // will never record its outcome (its process died) lets the lease pass.
@@ -428,27 +708,30 @@ impl Runtime {
                 )
                 .await;
             let error = match reservation {
-                Ok(Reservation::Reserved) => return None,
+                Ok(Reservation::Reserved) => return Claim::Reserved,
                 Ok(Reservation::Finished(response)) => {
                     emit_started(events, &response.execution_id, prepared.tool.name);
-                    return Some(Outcome {
+                    return Claim::Answered(Outcome {
                         response,
                         replayed: true,
                         retry_after: None,
                     });
                 }
-                Ok(Reservation::Running { changed }) => {
+                Ok(Reservation::Running { execution_id, .. }) if !wait && prepared.kept => {
+                    return Claim::HeldBy(execution_id);
+                }
+                Ok(Reservation::Running { changed, .. }) => {
                     tokio::select! {
                         () = changed => continue,
                         () = cancel.cancelled() => {
                             let error = ToolError::cancelled(codes::CANCELLED, "the call was cancelled while waiting for the same request")
                                 .retryable(None);
-                            return Some(self.answer_failure(prepared, ExecutionStatus::Cancelled, &error, events));
+                            return Claim::Answered(self.answer_failure(prepared, ExecutionStatus::Cancelled, &error, events));
                         }
                         () = tokio::time::sleep_until(prepared.deadline) => {
                             let error = ToolError::timeout(codes::TIMEOUT, "the first call with this request_id is still running")
                                 .retryable(Duration::from_secs(1));
-                            return Some(self.answer_failure(prepared, ExecutionStatus::TimedOut, &error, events));
+                            return Claim::Answered(self.answer_failure(prepared, ExecutionStatus::TimedOut, &error, events));
                         }
                     }
                 }
@@ -471,22 +754,38 @@ impl Runtime {
                 )
                 .retryable(Duration::from_secs(1)),
                 Err(store_error) => {
-                    if let Some(held_back) = self.logs.reserve.admit() {
-                        tracing::error!(
-                            error = %store_error,
-                            "idempotency store failed{}",
-                            repeated::summary(held_back)
-                        );
-                    }
-                    ToolError::capacity(
-                        codes::IDEMPOTENCY_UNAVAILABLE,
-                        "the idempotency store is unavailable",
-                    )
-                    .retryable(Duration::from_secs(1))
+                    return Claim::Answered(self.store_failed(prepared, &store_error, events));
                 }
             };
-            return Some(self.answer_failure(prepared, ExecutionStatus::Failed, &error, events));
+            return Claim::Answered(self.answer_failure(
+                prepared,
+                ExecutionStatus::Failed,
+                &error,
+                events,
+            ));
         }
+    }
+
+    /// The answer when the store fails: a retryable `503`, logged at a limited rate.
+    fn store_failed(
+        &self,
+        prepared: &Prepared,
+        store_error: &crate::idempotency::StoreError,
+        events: Option<&EventSender>,
+    ) -> Outcome {
+        if let Some(held_back) = self.logs.reserve.admit() {
+            tracing::error!(
+                error = %store_error,
+                "idempotency store failed{}",
+                repeated::summary(held_back)
+            );
+        }
+        let error = ToolError::capacity(
+            codes::IDEMPOTENCY_UNAVAILABLE,
+            "the idempotency store is unavailable",
+        )
+        .retryable(Duration::from_secs(1));
+        self.answer_failure(prepared, ExecutionStatus::Failed, &error, events)
     }
 
     /// Runs the tool under its deadline and the cancellation tokens, catching panics.
@@ -703,6 +1002,76 @@ impl Runtime {
                 repeated::summary(held_back)
             );
         }
+    }
+}
+
+/// The SSE id of `execution.started`; progress events follow it.
+pub(crate) const STARTED_EVENT_ID: u64 = 1;
+const FIRST_PROGRESS_ID: u64 = STARTED_EVENT_ID + 1;
+
+/// A kept execution's progress, numbered as the stream numbers it, written to the store and
+/// passed on to the client streaming the call.
+struct Journal {
+    store: Arc<dyn IdempotencyStore>,
+    execution_id: Arc<str>,
+    events: EventReceiver,
+    forward: Option<EventSender>,
+    /// The id after the last event written: `execution.completed`'s once the tool has ended.
+    next_id: u64,
+}
+
+impl Journal {
+    async fn write_forever(&mut self) {
+        loop {
+            let event = self.events.recv().await;
+            self.write(event).await;
+        }
+    }
+
+    /// Writes what the tool reported before it ended.
+    async fn write_waiting(&mut self) {
+        while let Some(event) = self.events.try_recv() {
+            self.write(event).await;
+        }
+    }
+
+    async fn write(&mut self, event: Event) {
+        let Event::Progress(progress) = &event else {
+            return;
+        };
+        let data = response::progress_data(&self.execution_id, progress);
+        let recorded = RecordedEvent {
+            id: FIRST_PROGRESS_ID + progress.sequence,
+            data,
+        };
+        self.next_id = recorded.id + 1;
+        if let Err(error) = self
+            .store
+            .record_progress(&self.execution_id, recorded)
+            .await
+        {
+            tracing::warn!(%error, "could not record a progress event");
+        }
+        if let Some(forward) = &self.forward {
+            forward.send(event);
+        }
+    }
+}
+
+/// Resolves when someone asks, through the store, for the execution to be cancelled.
+async fn cancellation_requested(
+    store: Arc<dyn IdempotencyStore>,
+    caller: Arc<str>,
+    execution_id: Arc<str>,
+) {
+    loop {
+        let changed = store.execution_changed(&execution_id);
+        if let Ok(Some(record)) = store.execution(&caller, &execution_id).await
+            && record.cancel_requested
+        {
+            return;
+        }
+        changed.await;
     }
 }
 

@@ -173,3 +173,30 @@ pub(crate) fn with_replayed(body: &[u8], replayed: bool) -> String {
     let open = body.strip_suffix('}').unwrap_or(&body);
     format!("{open},\"replayed\":{replayed}}}")
 }
+
+/// `tool.progress` data, fields in the protocol's order.
+#[derive(Serialize)]
+struct ProgressData<'a> {
+    execution_id: &'a str,
+    progress: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    total: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'a str>,
+}
+
+/// The data of a `tool.progress` event, as streamed and as kept for re-attachment.
+pub(crate) fn progress_data(execution_id: &str, progress: &crate::context::Progress) -> Bytes {
+    let data = ProgressData {
+        execution_id,
+        progress: progress.progress,
+        total: progress.total,
+        message: progress.message.as_deref(),
+    };
+    Bytes::from(serde_json::to_vec(&data).expect("progress serializes"))
+}
+
+/// The data of `execution.started`.
+pub(crate) fn started_data(execution_id: &str, tool: &str) -> String {
+    serde_json::json!({ "execution_id": execution_id, "tool": tool }).to_string()
+}

@@ -254,9 +254,9 @@ pub struct Report {
 /// Steps of work per second, each reported as progress.
 const REPORT_STEPS_PER_SECOND: u64 = 4;
 
-/// Generate a sales report, working for the given number of seconds and reporting progress.
+/// Generate a sales report, working up to 10 seconds and reporting progress.
 ///
-/// Stream it (`Accept: text/event-stream`) to watch the progress.
+/// Stream it to watch the progress, or send `Prefer: respond-async` and read it back later.
 #[carmy::tool(effect = "none")]
 pub async fn generate_report(ctx: Context, input: ReportRequest) -> Result<Report, ToolError> {
     let steps = input.seconds * REPORT_STEPS_PER_SECOND;
