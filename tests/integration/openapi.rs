@@ -151,10 +151,10 @@ async fn each_trust_level_sees_one_operation_per_tool_it_may_call() {
         "get_order",
         "list_products",
     ];
-    for (authorization, hidden_visible) in [
-        (None, false),
-        (Some(KNOWN_TOKEN), true),
-        (Some(INTERNAL_TOKEN), true),
+    for (authorization, hidden_visible, manages) in [
+        (None, false, false),
+        (Some(KNOWN_TOKEN), true, false),
+        (Some(INTERNAL_TOKEN), true, true),
     ] {
         let document = openapi_as(&router, authorization).await;
         assert_eq!(document["openapi"], "3.1.0");
@@ -163,6 +163,10 @@ async fn each_trust_level_sees_one_operation_per_tool_it_may_call() {
         expected.extend(set(&anonymous_tools));
         if hidden_visible {
             expected.insert("sales_summary".to_owned());
+        }
+        // Management routes (the configuration reload) are documented for internal callers.
+        if manages {
+            expected.insert("admin_reload".to_owned());
         }
         assert_eq!(operation_ids(&document), expected, "{authorization:?}");
         assert_eq!(
