@@ -17,13 +17,12 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::Stream;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::documents::EXECUTIONS_PATH;
 use super::error::status_for;
 use crate::catalog::Catalog;
 use crate::context::{Event, EventReceiver, event_channel};
@@ -32,6 +31,7 @@ use crate::principal::Principal;
 use crate::runtime::{self, Accepted, Answer, Call, Delivery, Outcome, Runtime, response};
 use crate::settings::{Current, Settings};
 use crate::tool_error::{ToolError, clip, retry_after_secs};
+use crate::wire::paths;
 use crate::wire::{
     CARMY_REPLAYED, IDEMPOTENCY_KEY, JSON, NO_STORE, PREFER, PREFERENCE_APPLIED, RESPOND_ASYNC,
     codes,
@@ -137,7 +137,7 @@ fn accepted_response(accepted: &Accepted, prefer_async: bool) -> Response {
     let body = running_body(&accepted.execution_id, accepted.tool, None);
     let mut response = super::executions::running(StatusCode::ACCEPTED, body);
     let headers = response.headers_mut();
-    let location = format!("{EXECUTIONS_PATH}/{}", accepted.execution_id);
+    let location = format!("{}/{}", paths::EXECUTIONS, accepted.execution_id);
     if let Ok(location) = HeaderValue::try_from(location) {
         headers.insert(LOCATION, location);
     }

@@ -17,7 +17,6 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::json;
 
-use super::documents::EXECUTIONS_PATH;
 use super::error::status_for;
 use crate::executions::{
     self, DEFAULT_PAGE, Executions, MAX_PAGE, RETRY_AFTER as RUNNING_RETRY_AFTER,
@@ -25,6 +24,7 @@ use crate::executions::{
 use crate::idempotency::{Cancellation, ExecutionQuery, ExecutionState};
 use crate::principal::Principal;
 use crate::tool_error::{ToolError, clip, retry_after_secs};
+use crate::wire::paths;
 use crate::wire::{JSON, LAST_EVENT_ID, NO_STORE, codes};
 
 /// What the executions endpoints need.
@@ -36,13 +36,13 @@ pub(crate) struct ExecutionsState {
 
 pub(crate) fn router(state: ExecutionsState) -> Router {
     Router::new()
-        .route(EXECUTIONS_PATH, get(list))
+        .route(paths::EXECUTIONS, get(list))
         .route(
-            &format!("{EXECUTIONS_PATH}/{{execution_id}}"),
+            &format!("{}/{{execution_id}}", paths::EXECUTIONS),
             get(lookup).delete(cancel),
         )
         .route(
-            &format!("{EXECUTIONS_PATH}/{{execution_id}}/events"),
+            &format!("{}/{{execution_id}}/events", paths::EXECUTIONS),
             get(events),
         )
         .with_state(state)

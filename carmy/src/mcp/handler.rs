@@ -10,7 +10,7 @@ use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
     ContentBlock, CreateTaskResult, DetailedTask, GetTaskParams, GetTaskResult, ListToolsResult,
     MetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion,
-    ServerCapabilities, ServerConfig, Task, TaskPayload, TaskStatus, Tool,
+    ServerCapabilities, ServerConfig, Task, TaskPayload, TaskStatus,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -21,7 +21,7 @@ use super::tools::{self, LIST_TTL_MS};
 use crate::context::{Event, EventReceiver, event_channel};
 use crate::executions::{self, RETRY_AFTER};
 use crate::idempotency::{Cancellation, ExecutionStatus};
-use crate::principal::{Principal, TrustLevel};
+use crate::principal::Principal;
 use crate::runtime::{self, Answer, Call, Delivery, Outcome, Runtime};
 use crate::settings::{Current, Settings};
 use crate::telemetry::{self, TraceParent};
@@ -148,6 +148,35 @@ impl ServerHandler for McpHandler {
         let span = telemetry::mcp_span("tools/call", &request.name, parent.as_ref());
         self.call(request, context).instrument(span).await
     }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        Ok(GetTaskResult::new(
+            self.task(&request.task_id, &context).await?,
+        ))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let (principal, _) = self.caller(&context);
+        match self
+            .shared
+            .runtime
+            .executions()
+            .cancel(&principal, &request.task_id)
+            .await
+        {
+            Ok(Cancellation::Requested | Cancellation::Ended) => Ok(()),
+            Ok(Cancellation::NotFound) => Err(no_such_task()),
+            Err(error) => Err(ErrorData::internal_error(error.message().to_owned(), None)),
+        }
+    }
 }
 
 impl McpHandler {
@@ -215,35 +244,6 @@ impl McpHandler {
         };
         answer(&outcome, structured)
     }
-
-    async fn get_task(
-        &self,
-        request: GetTaskParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<GetTaskResult, ErrorData> {
-        Ok(GetTaskResult::new(
-            self.task(&request.task_id, &context).await?,
-        ))
-    }
-
-    async fn cancel_task(
-        &self,
-        request: CancelTaskParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<(), ErrorData> {
-        let principal = self.principal(&context);
-        match self
-            .shared
-            .runtime
-            .executions()
-            .cancel(&principal, &request.task_id)
-            .await
-        {
-            Ok(Cancellation::Requested | Cancellation::Ended) => Ok(()),
-            Ok(Cancellation::NotFound) => Err(no_such_task()),
-            Err(error) => Err(ErrorData::internal_error(error.message().to_owned(), None)),
-        }
-    }
 }
 
 impl McpHandler {
@@ -253,7 +253,7 @@ impl McpHandler {
         task_id: &str,
         context: &RequestContext<RoleServer>,
     ) -> Result<DetailedTask, ErrorData> {
-        let principal = self.principal(context);
+        let (principal, settings) = self.caller(context);
         let record = self
             .shared
             .runtime
@@ -276,10 +276,8 @@ impl McpHandler {
         if ended.response.status == ExecutionStatus::Cancelled {
             return Ok(DetailedTask::new(task, TaskPayload::Cancelled));
         }
-        let structured = self
-            .shared
-            .runtime
-            .catalog()
+        let structured = settings
+            .catalog
             .get_visible(&record.tool, principal.trust())
             .is_some_and(tools::has_structured_output);
         let outcome = Outcome {

@@ -420,7 +420,9 @@ impl Runtime {
         self.tasks.spawn(
             async move {
                 let tool = prepared.tool.name;
-                let outcome = runtime.perform(prepared, permit, cancel, None).await;
+                let outcome = Arc::clone(&runtime)
+                    .perform(prepared, permit, cancel, None)
+                    .await;
                 record_span(&tracing::Span::current(), &outcome, started);
                 runtime.count_answer(Some(tool), &outcome, started);
             }
