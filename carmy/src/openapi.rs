@@ -251,7 +251,7 @@ fn tool_paths(builder: &mut Builder<'_>) {
         let mut operation = json!({
             "operationId": name,
             "summary": summary,
-            "description": tool.description,
+            "description": &*tool.description,
             "tags": ["tools"],
             "parameters": [{ "$ref": "#/components/parameters/IdempotencyKey" }],
             "requestBody": {
