@@ -381,6 +381,10 @@ async fn cors_is_off_by_default_and_allows_only_configured_origins() {
     let closed = app(&Probe::default()).router().unwrap();
     let answer = send(&closed, preflight("https://app.example.com")).await;
     assert_eq!(answer.header("access-control-allow-origin"), None);
+    // With CORS off a preflight is an unrouted method: carmy's JSON 405, no CORS headers.
+    assert_eq!(answer.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(answer.json()["error"]["code"], "METHOD_NOT_ALLOWED");
+    assert_eq!(answer.header("vary"), None);
 
     let open = app(&Probe::default())
         .cors_allowed_origin("https://app.example.com")

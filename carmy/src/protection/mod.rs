@@ -15,7 +15,10 @@ use axum::http::header::ORIGIN;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::Response;
+use futures_util::future::Either;
 use serde_json::json;
+use tower::{Layer, Service};
+use tower_http::cors::{Cors, CorsLayer};
 
 use crate::auth::{self, Authenticator};
 use crate::http::{METRICS_PATH, is_probe};
@@ -96,7 +99,65 @@ pub(crate) fn guard(current: &Current, router: Router, refuse: Refuse) -> Router
 /// Answers browser preflights and adds CORS headers for the origins of the configuration in
 /// force (none allowed while the list is empty).
 pub(crate) fn cors(current: &Current, router: Router) -> Router {
-    router.layer(cors_layer(Arc::clone(current)))
+    router.layer(CorsWhenAllowed {
+        current: Arc::clone(current),
+        cors: cors_layer(Arc::clone(current)),
+    })
+}
+
+/// CORS only for a request that carries an `Origin` while origins are configured: any other
+/// request skips the layer (and its `Vary` headers), and a preflight while CORS is off is
+/// carmy's JSON `405` like any other unrouted method.
+#[derive(Clone)]
+struct CorsWhenAllowed {
+    current: Current,
+    cors: CorsLayer,
+}
+
+impl<S: Clone> Layer<S> for CorsWhenAllowed {
+    type Service = CorsWhenAllowedService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        CorsWhenAllowedService {
+            current: Arc::clone(&self.current),
+            cors: self.cors.layer(inner.clone()),
+            plain: inner,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct CorsWhenAllowedService<S> {
+    current: Current,
+    plain: S,
+    cors: Cors<S>,
+}
+
+impl<S> Service<Request> for CorsWhenAllowedService<S>
+where
+    S: Service<Request, Response = Response> + Clone,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Either<S::Future, <Cors<S> as Service<Request>>::Future>;
+
+    fn poll_ready(
+        &mut self,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::ready!(self.plain.poll_ready(context))?;
+        self.cors.poll_ready(context)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let cross_origin = request.headers().contains_key(ORIGIN)
+            && !self.current.load().protection.cors_origins.is_empty();
+        if cross_origin {
+            Either::Right(self.cors.call(request))
+        } else {
+            Either::Left(self.plain.call(request))
+        }
+    }
 }
 
 impl Protection {
@@ -228,8 +289,8 @@ fn last_forwarded_for(headers: &HeaderMap) -> Option<IpAddr> {
 
 /// CORS for carmy/1 and `/mcp`, for the origins of the configuration in force. A request with
 /// several `Origin`s (which the gate refuses) is granted nothing.
-fn cors_layer(current: Current) -> tower_http::cors::CorsLayer {
-    use tower_http::cors::{AllowOrigin, CorsLayer};
+fn cors_layer(current: Current) -> CorsLayer {
+    use tower_http::cors::AllowOrigin;
     let allowed = move |origin: &HeaderValue, request: &axum::http::request::Parts| {
         request.headers.get_all(ORIGIN).iter().count() == 1
             && current
