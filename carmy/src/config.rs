@@ -39,7 +39,7 @@
 //!
 //! One `serde` struct per table, each refusing unknown keys, so a typo or a value of the wrong
 //! type (`"true"` for a bool) stops the start with the file and line. Everything but `[server]`
-//! is reloaded while serving (`crate::reload`); `[server]` needs a restart.
+//! and `[metrics]` is reloaded while serving (`crate::reload`); those two need a restart.
 
 use std::collections::BTreeMap;
 use std::num::{NonZeroU32, NonZeroU64};

@@ -114,3 +114,51 @@ fn concerns(changed: Option<&std::ffi::OsStr>, name: &OsString) -> bool {
         changed == name.as_os_str() || changed.as_encoded_bytes().starts_with(b"..")
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// The fallback where file events are unavailable: the polling watcher sees a file
+    /// renamed over the configuration, as an editor saves it.
+    #[test]
+    fn the_polling_fallback_sees_a_rename_over_the_file() {
+        let directory = std::env::temp_dir().join(format!("carmy-poll-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let file = directory.join("carmy.toml");
+        std::fs::write(&file, "security_headers = false\n").unwrap();
+        let name = OsString::from("carmy.toml");
+        let (sender, changes) = mpsc::channel();
+        let handler = move |events: DebounceEventResult| {
+            let concerned = events
+                .unwrap()
+                .iter()
+                .any(|event| concerns(event.path.file_name(), &name));
+            if concerned {
+                let _ = sender.send(());
+            }
+        };
+        let _watcher = watch::<PollWatcher>(&directory, handler).unwrap();
+        // Let the first scan record the directory as it is, then save a new version.
+        std::thread::sleep(POLL_INTERVAL + DEBOUNCE);
+        let saved = directory.join(".carmy.toml.swp");
+        std::fs::write(&saved, "security_headers = true\n").unwrap();
+        std::fs::rename(&saved, &file).unwrap();
+        let seen = changes.recv_timeout(POLL_INTERVAL * 5);
+        std::fs::remove_dir_all(&directory).unwrap();
+        assert!(seen.is_ok(), "the polling watcher saw no change");
+    }
+
+    #[test]
+    fn only_the_file_and_configmap_entries_concern_it() {
+        let name = OsString::from("carmy.toml");
+        assert!(concerns(Some("carmy.toml".as_ref()), &name));
+        assert!(concerns(Some("..data".as_ref()), &name));
+        assert!(concerns(Some("..2026_12_01_07_00_00.123".as_ref()), &name));
+        assert!(!concerns(Some("other.toml".as_ref()), &name));
+        assert!(!concerns(Some(".carmy.toml.swp".as_ref()), &name));
+        assert!(!concerns(None, &name));
+    }
+}
