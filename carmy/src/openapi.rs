@@ -8,6 +8,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::catalog::{Catalog, CatalogTool};
+use crate::executions::MAX_PAGE;
 use crate::principal::TrustLevel;
 use crate::wire::paths;
 
@@ -46,6 +47,7 @@ const PATH_GROUPS: &[PathGroup] = &[
     openapi_paths,
     execute_paths,
     tool_paths,
+    executions_paths,
     health_paths,
     admin_paths,
 ];
@@ -219,6 +221,7 @@ fn execute_paths(builder: &mut Builder<'_>) {
                         `Carmy-Replayed: true`. The `Idempotency-Key` header is accepted as the \
                         same thing; when both are sent they must be equal.",
         "tags": ["carmy"],
+        "parameters": [{ "$ref": "#/components/parameters/Prefer" }],
         "requestBody": {
             "required": true,
             "content": { "application/json": { "schema": request } },
@@ -253,7 +256,10 @@ fn tool_paths(builder: &mut Builder<'_>) {
             "summary": summary,
             "description": &*tool.description,
             "tags": ["tools"],
-            "parameters": [{ "$ref": "#/components/parameters/IdempotencyKey" }],
+            "parameters": [
+                { "$ref": "#/components/parameters/IdempotencyKey" },
+                { "$ref": "#/components/parameters/Prefer" },
+            ],
             "requestBody": {
                 // An empty body is `{}`: the body is required exactly when `{}` is refused.
                 "required": !accepts_empty(tool),
@@ -265,13 +271,119 @@ fn tool_paths(builder: &mut Builder<'_>) {
             "x-carmy-parallel-safe": descriptor.parallel_safe,
             "x-carmy-confirmation": descriptor.confirmation.as_str(),
         });
-        if let Some(timeout) = descriptor.timeout {
+        operation["x-carmy-mode"] = json!(descriptor.mode.as_str());
+        if let Some(timeout) = tool.timeout {
             operation["x-carmy-timeout-ms"] = json!(timeout.as_millis());
         }
         builder
             .paths
             .insert(paths::tool(name), json!({ "post": operation }));
     }
+}
+
+/// `/agent/executions` (§9): the caller's executions, read back, followed, cancelled, listed.
+fn executions_paths(builder: &mut Builder<'_>) {
+    let scope = builder.scope;
+    let no_store = json!({ "$ref": "#/components/headers/NoStore" });
+    let query = |name: &str, description: &str, schema: Value| json!({ "name": name, "in": "query", "description": description, "schema": schema });
+    let mut responses = json!({ "200": {
+        "description": "The caller's executions, newest first; `next_cursor` is null on the \
+                        last page.",
+        "headers": { "Cache-Control": no_store },
+        "content": { "application/json": {
+            "schema": { "$ref": "#/components/schemas/ExecutionList" },
+        } },
+    } });
+    add_errors(&mut responses, scope, EXECUTION_LIST_ERRORS);
+    builder.paths.insert(
+        paths::EXECUTIONS.to_owned(),
+        json!({ "get": {
+            "operationId": "list_executions",
+            "summary": "The caller's executions: async ones and those with a request id.",
+            "tags": ["carmy"],
+            "parameters": [
+                query("status", "Only executions in this state.",
+                      json!({ "$ref": "#/components/schemas/ExecutionStatus" })),
+                query("tool", "Only executions of this tool.", json!({ "type": "string" })),
+                query("limit", "At most this many (default 20).",
+                      json!({ "type": "integer", "minimum": 1, "maximum": MAX_PAGE })),
+                query("cursor", "The `next_cursor` of the previous page.",
+                      json!({ "$ref": "#/components/schemas/ExecutionId" })),
+            ],
+            "responses": responses,
+        } }),
+    );
+
+    let mut lookup = json!({ "200": {
+        "description": "The answer exactly as the call gave it once it has ended (a failure \
+                        with its own status), or the running execution with `Retry-After`.",
+        "headers": {
+            "Cache-Control": no_store,
+            "Retry-After": { "$ref": "#/components/headers/RetryAfter" },
+        },
+        "content": { "application/json": { "schema": { "anyOf": [
+            { "$ref": "#/components/schemas/ExecutionResponse" },
+            { "$ref": "#/components/schemas/RunningExecution" },
+        ] } } },
+    } });
+    add_errors(&mut lookup, scope, EXECUTION_ERRORS);
+    let mut cancel = json!({ "202": {
+        "description": "Cancellation requested: the execution ends `cancelled`.",
+        "headers": {
+            "Cache-Control": no_store,
+            "Retry-After": { "$ref": "#/components/headers/RetryAfter" },
+        },
+        "content": { "application/json": {
+            "schema": { "$ref": "#/components/schemas/RunningExecution" },
+        } },
+    } });
+    add_errors(&mut cancel, scope, EXECUTION_CANCEL_ERRORS);
+    builder.paths.insert(
+        format!("{}/{{execution_id}}", paths::EXECUTIONS),
+        json!({
+            "parameters": [{ "$ref": "#/components/parameters/ExecutionIdPath" }],
+            "get": {
+                "operationId": "get_execution",
+                "summary": "One of the caller's executions.",
+                "tags": ["carmy"],
+                "responses": lookup,
+            },
+            "delete": {
+                "operationId": "cancel_execution",
+                "summary": "Cancel one of the caller's running executions (`409` once ended).",
+                "tags": ["carmy"],
+                "responses": cancel,
+            },
+        }),
+    );
+
+    let mut events = json!({ "200": {
+        "description": "The events recorded so far with their original ids, then the live \
+                        ones, until the execution ends.",
+        "headers": { "Cache-Control": no_store },
+        // No schema: each event's `data` is a JSON object of its own kind (a stream has no
+        // single schema in OpenAPI 3.1), which fuzzers would check every event against.
+        "content": { "text/event-stream": {} },
+    } });
+    add_errors(&mut events, scope, EXECUTION_EVENTS_ERRORS);
+    builder.paths.insert(
+        format!("{}/{{execution_id}}/events", paths::EXECUTIONS),
+        json!({ "get": {
+            "operationId": "execution_events",
+            "summary": "Re-attach to an execution's events (Server-Sent Events).",
+            "tags": ["carmy"],
+            "parameters": [
+                { "$ref": "#/components/parameters/ExecutionIdPath" },
+                {
+                    "name": "Last-Event-ID",
+                    "in": "header",
+                    "description": "Resume after this event.",
+                    "schema": { "type": "string", "pattern": "^[0-9]{1,19}$" },
+                },
+            ],
+            "responses": events,
+        } }),
+    );
 }
 
 fn health_paths(builder: &mut Builder<'_>) {
@@ -409,8 +521,21 @@ fn execution_responses(success: &Value) -> Value {
             },
             "content": {
                 "application/json": { "schema": success },
-                "text/event-stream": { "schema": { "type": "string" } },
+                "text/event-stream": {},
             },
+        },
+        "202": {
+            "description": "Started detached (`Prefer: respond-async`, or a `mode = \"async\"` \
+                            tool, for an identified caller): read it back at `Location`.",
+            "headers": {
+                "Cache-Control": { "$ref": "#/components/headers/NoStore" },
+                "Retry-After": { "$ref": "#/components/headers/RetryAfter" },
+                "Location": { "schema": { "type": "string" } },
+                "Preference-Applied": { "schema": { "const": "respond-async" } },
+            },
+            "content": { "application/json": {
+                "schema": { "$ref": "#/components/schemas/RunningExecution" },
+            } },
         },
     })
 }
@@ -465,6 +590,12 @@ const DOCUMENT_ERRORS: &[u16] = &[400, 406, 429, 503];
 const PROBE_ERRORS: &[u16] = &[400, 406];
 /// A body (it must be empty), a refused file (`409`), a budget.
 const ADMIN_ERRORS: &[u16] = &[400, 406, 409, 429];
+/// A bad parameter, a budget, the store.
+const EXECUTION_LIST_ERRORS: &[u16] = &[400, 406, 429, 503];
+/// No such execution, one that has ended, a budget, the store.
+const EXECUTION_CANCEL_ERRORS: &[u16] = &[404, 406, 409, 429, 503];
+/// A bad `Last-Event-ID`, no such execution, a budget, the store.
+const EXECUTION_EVENTS_ERRORS: &[u16] = &[400, 404, 406, 429, 503];
 const EXECUTION_ERRORS: &[u16] = &[400, 403, 404, 406, 408, 409, 413, 429, 500, 503, 504];
 
 /// Adds the error responses `statuses`, and `401` where credentials are checked.
@@ -534,6 +665,20 @@ fn common_parameters() -> Value {
                             bytes of printable ASCII (HTTP trims spaces at either end).",
             "schema": { "$ref": "#/components/schemas/IdempotencyKey" },
         },
+        "Prefer": {
+            "name": "Prefer",
+            "in": "header",
+            "description": "RFC 7240 preferences: `respond-async` starts the execution detached \
+                            and answers `202`; other preferences are ignored.",
+            "schema": { "type": "string" },
+        },
+        "ExecutionIdPath": {
+            "name": "execution_id",
+            "in": "path",
+            "required": true,
+            "description": "An execution of the caller's; any other id is `404`.",
+            "schema": { "type": "string" },
+        },
         "IfNoneMatch": {
             "name": "If-None-Match",
             "in": "header",
@@ -577,6 +722,37 @@ fn common_schemas() -> Map<String, Value> {
                 "data": {},
                 "_agent": { "$ref": "#/components/schemas/Agent" },
             },
+        },
+        "RunningExecution": {
+            "type": "object",
+            "required": ["execution_id", "tool", "status", "created_at"],
+            "properties": {
+                "execution_id": { "$ref": "#/components/schemas/ExecutionId" },
+                "tool": { "type": "string" },
+                "status": { "const": "running" },
+                "progress": { "type": "object" },
+                "created_at": { "type": "string", "format": "date-time" },
+            },
+        },
+        "ExecutionList": {
+            "type": "object",
+            "required": ["executions", "next_cursor"],
+            "properties": {
+                "executions": { "type": "array", "items": {
+                    "type": "object",
+                    "required": ["execution_id", "tool", "status", "created_at"],
+                    "properties": {
+                        "execution_id": { "$ref": "#/components/schemas/ExecutionId" },
+                        "tool": { "type": "string" },
+                        "status": { "$ref": "#/components/schemas/ExecutionStatus" },
+                        "created_at": { "type": "string", "format": "date-time" },
+                    },
+                } },
+                "next_cursor": { "type": ["string", "null"] },
+            },
+        },
+        "ExecutionStatus": {
+            "enum": ["running", "completed", "failed", "cancelled", "timed_out"],
         },
         "ErrorResponse": {
             "description": "A failed execution, or (`error` alone) a request refused before an \
