@@ -373,3 +373,47 @@ async fn random_paths_methods_and_tool_names_add_no_series() {
     let text = format!("{after:?}");
     assert!(!words.iter().any(|word| text.contains(word.as_str())));
 }
+
+/// `carmy_config_reloads_total{result}` is the app's own count of reloads by result.
+#[tokio::test]
+async fn config_reloads_are_counted_by_result() {
+    let dir = carmy_tests::TempDir::new("metrics-reloads");
+    let path = dir.0.join("carmy.toml");
+    let root = format!(
+        "[[tokens]]\nid = \"root\"\ntrust = \"internal\"\nhash = \"{}\"\n",
+        carmy::auth::hash_token("root-token")
+    );
+    let write = |text: &str| {
+        let staged = dir.0.join(".carmy.toml.swp");
+        std::fs::write(&staged, text).unwrap();
+        std::fs::rename(&staged, &path).unwrap();
+    };
+    write(&root);
+    let app = metrics_app().config_file(&path).unwrap();
+    let reloads = app.reloads();
+    let router = app.router().unwrap();
+    let reload = async || {
+        let request = Request::post("/agent/admin/reload")
+            .header("authorization", "Bearer root-token")
+            .body(Body::empty())
+            .unwrap();
+        send(&router, request).await.status
+    };
+    assert_eq!(reload().await, StatusCode::OK);
+    write(&format!("security_headers = true\n{root}"));
+    assert_eq!(reload().await, StatusCode::OK);
+    write(&format!("no_such_key = 1\n{root}"));
+    assert_eq!(reload().await, StatusCode::CONFLICT);
+
+    let counts = reloads.counts();
+    assert!(counts.applied >= 1 && counts.failed >= 1, "{counts:?}");
+    let scrape = scrape(&router).await;
+    for (result, count) in [
+        ("applied", counts.applied),
+        ("unchanged", counts.unchanged),
+        ("failed", counts.failed),
+    ] {
+        let reading = &sample(&scrape, "carmy_config_reloads_total", &[("result", result)]).value;
+        assert_eq!(*reading, Reading::Counter(count as f64), "{result}");
+    }
+}
