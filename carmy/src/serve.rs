@@ -402,7 +402,8 @@ impl Activity {
 async fn expiry(activity: &Activity, head: Duration, idle: Duration) {
     loop {
         let now = tokio::time::Instant::now();
-        let deadline = if activity.started.load(Ordering::Acquire) == 0 {
+        let waiting_for_first = activity.started.load(Ordering::Acquire) == 0;
+        let deadline = if waiting_for_first {
             activity.opened + head
         } else if activity.in_flight.load(Ordering::Acquire) > 0 {
             now + idle
@@ -413,7 +414,14 @@ async fn expiry(activity: &Activity, head: Duration, idle: Duration) {
         if deadline <= now {
             return;
         }
-        tokio::time::sleep_until(deadline).await;
+        // Nothing announces the first request: look again within `idle`, whose deadline may
+        // come before the head timeout's once that request has ended.
+        let wake = if waiting_for_first {
+            deadline.min(now + idle)
+        } else {
+            deadline
+        };
+        tokio::time::sleep_until(wake).await;
     }
 }
 
