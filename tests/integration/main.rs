@@ -1,6 +1,7 @@
 //! Black-box tests of carmy through its public surface: the router in-process
 //! (`tower::ServiceExt::oneshot`) and over real loopback sockets. One binary, a module per topic.
 
+mod announcements;
 mod auth;
 mod bounds;
 mod builder;

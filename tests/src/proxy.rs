@@ -7,11 +7,13 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 /// A TCP proxy on a loopback port to `target`: forwards every connection until it is paused
-/// (bytes are held, connections stay open: a stalled server) or closed (a server gone).
+/// (bytes are held, connections stay open: a stalled server), cut (open connections drop, new
+/// ones are forwarded: a restarted server) or closed (a server gone).
 #[derive(Debug)]
 pub struct Proxy {
     pub addr: SocketAddr,
     paused: watch::Sender<bool>,
+    cuts: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -23,24 +25,38 @@ impl Proxy {
             .expect("bind loopback");
         let addr = listener.local_addr().expect("bound address");
         let (paused, _) = watch::channel(false);
-        let gate = paused.clone();
+        let (cuts, _) = watch::channel(0);
+        let (gate, cut) = (paused.clone(), cuts.clone());
         let task = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((inbound, _)) = listener.accept().await {
                 let gate = gate.subscribe();
+                let mut cut = cut.subscribe();
                 connections.spawn(async move {
                     if let Ok(outbound) = TcpStream::connect(target).await {
                         let (inbound_read, inbound_write) = inbound.into_split();
                         let (outbound_read, outbound_write) = outbound.into_split();
-                        tokio::join!(
-                            forward(inbound_read, outbound_write, gate.clone()),
-                            forward(outbound_read, inbound_write, gate),
-                        );
+                        let both = async {
+                            tokio::join!(
+                                forward(inbound_read, outbound_write, gate.clone()),
+                                forward(outbound_read, inbound_write, gate),
+                            )
+                        };
+                        // A cut drops both halves: each side sees its connection end.
+                        tokio::select! {
+                            _ = both => {}
+                            _ = cut.changed() => {}
+                        }
                     }
                 });
             }
         });
-        Proxy { addr, paused, task }
+        Proxy {
+            addr,
+            paused,
+            cuts,
+            task,
+        }
     }
 
     /// Stops forwarding: what either side sends is held until [`Proxy::resume`].
@@ -51,6 +67,11 @@ impl Proxy {
     /// Forwards again, the held bytes first.
     pub fn resume(&self) {
         self.paused.send_replace(false);
+    }
+
+    /// Drops every open connection; new ones are forwarded: the server restarted.
+    pub fn cut(&self) {
+        self.cuts.send_modify(|cuts| *cuts += 1);
     }
 
     /// Closes the port and every connection through it: the server is gone.

@@ -8,6 +8,8 @@
 //! Stores: [`MemoryStore`] (the default), and behind cargo features `PostgresStore`
 //! (`postgres`), `RedisStore` (`redis`) and `FileStore` (`file`). [`connect`] picks one by URL.
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod announcements;
 mod connect;
 mod executions;
 #[cfg(feature = "file")]

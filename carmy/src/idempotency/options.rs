@@ -8,6 +8,9 @@ use super::StoreError;
 /// The default of both time limits: a stalled store is reported well before a client gives up.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The default of [`StoreOptions::execution_recheck`].
+const DEFAULT_RECHECK: Duration = Duration::from_secs(1);
+
 /// Options for connecting to PostgreSQL or Redis (the idempotency stores, and the Redis rate
 /// limiter). The URL can set the time limits too, with carmy's own query parameters:
 /// `?acquire_timeout=2s&command_timeout=500ms` (the URL wins).
@@ -16,6 +19,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct StoreOptions {
     pub(crate) acquire_timeout: Duration,
     pub(crate) command_timeout: Duration,
+    pub(crate) execution_recheck: Duration,
     pub(crate) root_certificates: Vec<u8>,
 }
 
@@ -24,6 +28,7 @@ impl std::fmt::Debug for StoreOptions {
         f.debug_struct("StoreOptions")
             .field("acquire_timeout", &self.acquire_timeout)
             .field("command_timeout", &self.command_timeout)
+            .field("execution_recheck", &self.execution_recheck)
             .field("root_certificates", &self.root_certificates.len())
             .finish()
     }
@@ -36,11 +41,13 @@ impl Default for StoreOptions {
 }
 
 impl StoreOptions {
-    /// Five seconds for each time limit; the platform's root certificates.
+    /// Five seconds for each time limit; a recheck every second; the platform's root
+    /// certificates.
     pub fn new() -> Self {
         StoreOptions {
             acquire_timeout: DEFAULT_TIMEOUT,
             command_timeout: DEFAULT_TIMEOUT,
+            execution_recheck: DEFAULT_RECHECK,
             root_certificates: Vec::new(),
         }
     }
@@ -56,6 +63,16 @@ impl StoreOptions {
     /// store is reported unavailable (URL: `command_timeout`).
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
+        self
+    }
+
+    /// How long a replica waiting on an execution that another replica runs (a re-attached
+    /// event stream, a cancellation watch) trusts the store's announcements (LISTEN/NOTIFY,
+    /// pub/sub) before reading the execution again anyway: the safety net for an announcement
+    /// lost with a connection that died silently. One second by default; while the store's
+    /// announcements are not heard at all, readers read every 200 ms.
+    pub fn execution_recheck(mut self, interval: Duration) -> Self {
+        self.execution_recheck = interval;
         self
     }
 

@@ -6,11 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
-use tokio_postgres::NoTls;
 use tokio_postgres::config::SslMode;
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{AsyncMessage, NoTls, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_util::task::AbortOnDropHandle;
 
+use super::announcements::{AnnouncedIds, Announcements};
 use super::options::take_params;
 use super::record::{Cleanup, Found, Stored, reserve_within, within};
 use super::tls;
@@ -102,22 +106,25 @@ const BEGIN_EXECUTION: &str = "\
 INSERT INTO carmy_executions (execution_id, caller, tool, expires_at)
 VALUES ($1, $2, $3, now() + $4::bigint * interval '1 millisecond')";
 
-/// Adds a running execution's event and drops those older than the kept window.
+/// Adds a running execution's event, drops those older than the kept window, and announces
+/// it (`NOTIFY`, sent when the statement commits).
 const RECORD_PROGRESS: &str = "\
 WITH added AS (
     INSERT INTO carmy_execution_events (execution_id, id, data)
     SELECT $1, $2, $3
     WHERE EXISTS (SELECT 1 FROM carmy_executions WHERE execution_id = $1 AND status IS NULL)
     ON CONFLICT DO NOTHING
-    RETURNING id
+    RETURNING pg_notify('carmy_executions', execution_id)
 )
-DELETE FROM carmy_execution_events WHERE execution_id = $1 AND id <= $2 - $4::bigint";
+DELETE FROM carmy_execution_events
+WHERE execution_id = $1 AND id <= $2 - $4::bigint AND EXISTS (SELECT 1 FROM added)";
 
 const END_EXECUTION: &str = "\
 UPDATE carmy_executions
 SET status = $2, category = $3, code = $4, body = $5, final_event_id = $6,
     expires_at = now() + $7::bigint * interval '1 millisecond'
-WHERE execution_id = $1 AND status IS NULL";
+WHERE execution_id = $1 AND status IS NULL
+RETURNING pg_notify('carmy_executions', execution_id)";
 
 /// An execution of `caller`; an ended one only until it expires.
 const EXECUTION: &str = "\
@@ -138,12 +145,12 @@ WHERE caller = $1 AND (status IS NULL OR expires_at > now())
 ORDER BY execution_id DESC
 LIMIT $5";
 
-/// Marks the caller's running execution cancelled; says what it found.
+/// Marks the caller's running execution cancelled and announces it; says what it found.
 const CANCEL_EXECUTION: &str = "\
 WITH requested AS (
     UPDATE carmy_executions SET cancel_requested = true
     WHERE execution_id = $1 AND caller = $2 AND status IS NULL
-    RETURNING 1
+    RETURNING pg_notify('carmy_executions', execution_id)
 )
 SELECT EXISTS (SELECT 1 FROM requested) AS requested,
        EXISTS (SELECT 1 FROM carmy_executions
@@ -159,21 +166,23 @@ WHERE execution_id IN (
     FOR UPDATE SKIP LOCKED
 )";
 
-/// How often a reader of an execution held on another replica looks at it again. Polling,
-/// not LISTEN/NOTIFY: a cancellation reaches the running replica within this, well inside
-/// the 1 s the protocol allows, without a dedicated connection per store.
-const EXECUTION_POLL: Duration = Duration::from_millis(200);
+/// The channel on which changes of executions are announced (`NOTIFY`, payload the id).
+const ANNOUNCEMENTS: &str = "carmy_executions";
 
 /// Idempotency records in a PostgreSQL table, so that replicas sharing the database never run
 /// one request twice. The reservation is one `INSERT … ON CONFLICT`, atomic across replicas;
 /// expiry follows the server's clock; each store deletes expired records every minute.
 ///
 /// The schema is created on connect by embedded, versioned migrations, applied under an
-/// advisory lock. Every call has the time limits of its [`StoreOptions`].
+/// advisory lock. Every call has the time limits of its [`StoreOptions`]. Changes of executions
+/// are announced with `NOTIFY` and heard on one connection of its own (`LISTEN`), so other
+/// replicas stream and cancel them as they happen.
 pub struct PostgresStore {
     pool: Pool,
     options: StoreOptions,
+    announcements: Arc<Announcements>,
     _cleanup: Cleanup,
+    _listener: AbortOnDropHandle<()>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -229,17 +238,17 @@ impl PostgresStore {
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
-        let manager = match mode {
-            "disable" | "allow" | "prefer" => Manager::from_config(config, NoTls, manager_config),
+        let tls = match mode {
+            "disable" | "allow" | "prefer" => Tls::Off,
             "require" => {
                 config.ssl_mode(SslMode::Require);
-                let tls = MakeRustlsConnect::new(tls::encrypted_only()?);
-                Manager::from_config(config, tls, manager_config)
+                Tls::On(MakeRustlsConnect::new(tls::encrypted_only()?))
             }
             "verify-ca" | "verify-full" => {
                 config.ssl_mode(SslMode::Require);
-                let tls = MakeRustlsConnect::new(tls::verified(&options.root_certificates)?);
-                Manager::from_config(config, tls, manager_config)
+                Tls::On(MakeRustlsConnect::new(tls::verified(
+                    &options.root_certificates,
+                )?))
             }
             other => {
                 return Err(StoreError::message(format!(
@@ -248,6 +257,7 @@ impl PostgresStore {
                 )));
             }
         };
+        let manager = tls.manager(config.clone(), manager_config);
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)
@@ -270,12 +280,86 @@ impl PostgresStore {
                 async move { purge(&pool, timeout).await }
             })
         };
+        let announcements = Announcements::new(options.execution_recheck);
+        let listen = move || -> BoxFuture<'static, Result<AnnouncedIds, StoreError>> {
+            let (config, tls) = (config.clone(), tls.clone());
+            Box::pin(within(
+                options.acquire_timeout + options.command_timeout,
+                async move { tls.listen(&config).await },
+            ))
+        };
+        let listener = announcements.listen(listen().await?, listen);
         Ok(PostgresStore {
             pool,
             options,
+            announcements,
             _cleanup: cleanup,
+            _listener: listener,
         })
     }
+}
+
+/// Whether connections are encrypted (see [`PostgresStore::connect`]).
+#[derive(Clone)]
+enum Tls {
+    Off,
+    On(MakeRustlsConnect),
+}
+
+impl Tls {
+    fn manager(&self, config: tokio_postgres::Config, manager_config: ManagerConfig) -> Manager {
+        match self {
+            Tls::Off => Manager::from_config(config, NoTls, manager_config),
+            Tls::On(tls) => Manager::from_config(config, tls.clone(), manager_config),
+        }
+    }
+
+    /// A connection of its own that listens for announced executions.
+    async fn listen(&self, config: &tokio_postgres::Config) -> Result<AnnouncedIds, StoreError> {
+        match self {
+            Tls::Off => listen(config, NoTls).await,
+            Tls::On(tls) => listen(config, tls.clone()).await,
+        }
+    }
+}
+
+/// Opens a connection, sends `LISTEN`, and yields the announced execution ids until the
+/// connection ends.
+async fn listen<T>(config: &tokio_postgres::Config, tls: T) -> Result<AnnouncedIds, StoreError>
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, mut connection) = config.connect(tls).await.map_err(failed)?;
+    // The connection does its work when polled for messages: poll it while LISTEN runs.
+    let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+    let subscribe = format!("LISTEN {ANNOUNCEMENTS}");
+    {
+        let mut subscribed = std::pin::pin!(client.batch_execute(&subscribe));
+        loop {
+            tokio::select! {
+                done = &mut subscribed => {
+                    done.map_err(failed)?;
+                    break;
+                }
+                message = messages.next() => match message {
+                    Some(Ok(_)) => {}
+                    Some(Err(error)) => return Err(failed(error)),
+                    None => return Err(StoreError::message("the listening connection closed")),
+                },
+            }
+        }
+    }
+    let ids = messages
+        // Ends with the connection (an error, or its end); the client lives as long.
+        .scan(client, |_, message| std::future::ready(message.ok()))
+        .filter_map(|message| {
+            std::future::ready(match message {
+                AsyncMessage::Notification(notification) => Some(notification.payload().to_owned()),
+                _ => None,
+            })
+        });
+    Ok(ids.boxed())
 }
 
 /// A pooled connection; the pool's own time limits apply.
@@ -779,7 +863,7 @@ impl IdempotencyStore for PostgresStore {
         }))
     }
 
-    fn execution_changed(&self, _execution_id: &str) -> BoxFuture<'static, ()> {
-        Box::pin(tokio::time::sleep(EXECUTION_POLL))
+    fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
+        self.announcements.changed(execution_id)
     }
 }

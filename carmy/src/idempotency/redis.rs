@@ -3,10 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisError, Script};
+use tokio_util::task::AbortOnDropHandle;
 
+use super::announcements::{AnnouncedIds, Announcements};
 use super::record::{Found, Stored, reserve_within, within};
 use super::{
     Cancellation, ExecutionQuery, ExecutionRecord, ExecutionState, ExecutionSummary, Fingerprint,
@@ -82,9 +85,10 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 ";
 
-/// Adds a progress event (`<id> <data>`) to a running execution, keeping the latest ones.
+/// Adds a progress event (`<id> <data>`) to a running execution, keeping the latest ones, and
+/// announces it.
 ///
-/// KEYS: the execution, its events. ARGV: event id, data, how many to keep.
+/// KEYS: the execution, its events. ARGV: event id, data, how many to keep, execution id.
 const RECORD_PROGRESS: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'status') == 1 then
   return 0
@@ -92,13 +96,15 @@ end
 redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. ARGV[2])
 redis.call('LTRIM', KEYS[2], -tonumber(ARGV[3]), -1)
 redis.call('PEXPIRE', KEYS[2], redis.call('PTTL', KEYS[1]))
+redis.call('PUBLISH', 'carmy:executions', ARGV[4])
 return 1
 ";
 
-/// Records how a running execution ended; it and its events are kept for the ttl.
+/// Records how a running execution ended, and announces it; it and its events are kept for
+/// the ttl.
 ///
 /// KEYS: the execution, its events. ARGV: status, category (or ''), code (or ''), body,
-/// completed event id, ttl (ms).
+/// completed event id, ttl (ms), execution id.
 const END_EXECUTION: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'status') == 1 then
   return 0
@@ -108,6 +114,7 @@ if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'category', ARGV[2]) end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'code', ARGV[3]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[6]) end
+redis.call('PUBLISH', 'carmy:executions', ARGV[7])
 return 1
 ";
 
@@ -122,20 +129,20 @@ return {r[2], r[3] or '', r[4] or '', r[5] or '', r[6] or '', r[7] or '', r[8],
   redis.call('LRANGE', KEYS[2], 0, -1)}
 ";
 
-/// Marks a caller's running execution cancelled; says what it found.
+/// Marks a caller's running execution cancelled and announces it; says what it found.
 ///
-/// KEYS: the execution. ARGV: caller.
+/// KEYS: the execution. ARGV: caller, execution id.
 const CANCEL_EXECUTION: &str = r"
 if redis.call('HGET', KEYS[1], 'caller') ~= ARGV[1] then return 'not_found' end
 if redis.call('HEXISTS', KEYS[1], 'status') == 1 then return 'ended' end
 redis.call('HSET', KEYS[1], 'cancel', '1')
+redis.call('PUBLISH', 'carmy:executions', ARGV[2])
 return 'requested'
 ";
 
-/// How often a reader of an execution looks at it again: polling, not pub/sub, so a store
-/// needs one connection; a cancellation reaches the running replica within it, well inside
-/// the 1 s the protocol allows.
-const EXECUTION_POLL: Duration = Duration::from_millis(200);
+/// The channel on which the scripts announce changes of executions (`PUBLISH`, message the
+/// id).
+const ANNOUNCEMENTS: &str = "carmy:executions";
 
 /// Idempotency records in Redis, so that replicas sharing the server never run one request
 /// twice. Every transition is one Lua script on one hash, so no interleaving of replicas loses
@@ -145,9 +152,14 @@ const EXECUTION_POLL: Duration = Duration::from_millis(200);
 /// Records must survive a restart of Redis, or a retry after one runs again: give the server
 /// persistence (`appendonly yes`, or `save` snapshots); a warning is logged at connect when
 /// it has neither.
+///
+/// Changes of executions are announced with `PUBLISH` from the scripts and heard on one
+/// pub/sub connection of its own, so other replicas stream and cancel them as they happen.
 pub struct RedisStore {
     inner: Arc<Inner>,
     timeout: Duration,
+    announcements: Arc<Announcements>,
+    _listener: AbortOnDropHandle<()>,
 }
 
 /// What a reservation's own task needs (see [`reserve_within`]).
@@ -178,7 +190,7 @@ fn failed(error: RedisError) -> StoreError {
 pub(crate) async fn open(
     url: &str,
     options: &StoreOptions,
-) -> Result<(ConnectionManager, StoreOptions), StoreError> {
+) -> Result<(ConnectionManager, redis::Client, StoreOptions), StoreError> {
     let (url, options) = options.clone().with_url(url)?;
     let client = client(&url, &options)?;
     let config = ConnectionManagerConfig::new()
@@ -186,12 +198,12 @@ pub(crate) async fn open(
         .set_response_timeout(Some(options.command_timeout * GIVE_UP_AFTER))
         .set_number_of_retries(2);
     let connection = within(options.acquire_timeout + options.command_timeout, async {
-        ConnectionManager::new_with_config(client, config)
+        ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(failed)
     })
     .await?;
-    Ok((connection, options))
+    Ok((connection, client, options))
 }
 
 /// A client for `url`; over TLS (`rediss://`), with rustls trusting `options`' root
@@ -212,6 +224,17 @@ fn client(url: &str, options: &StoreOptions) -> Result<redis::Client, StoreError
         },
     )
     .map_err(failed)
+}
+
+/// Subscribes to the announcements on a connection of its own: the announced execution ids,
+/// until the connection ends.
+async fn listen(client: redis::Client) -> Result<AnnouncedIds, StoreError> {
+    let mut pubsub = client.get_async_pubsub().await.map_err(failed)?;
+    pubsub.subscribe(ANNOUNCEMENTS).await.map_err(failed)?;
+    let ids = pubsub
+        .into_on_message()
+        .filter_map(|message| std::future::ready(message.get_payload::<String>().ok()));
+    Ok(ids.boxed())
 }
 
 /// Warns when the server keeps nothing across a restart (no append-only file, no snapshots):
@@ -292,7 +315,7 @@ impl RedisStore {
 
     /// Like [`RedisStore::connect`], with the time limits and certificates of `options`.
     pub async fn connect_with(url: &str, options: StoreOptions) -> Result<Self, StoreError> {
-        let (mut connection, options) = open(url, &options).await?;
+        let (mut connection, client, options) = open(url, &options).await?;
         within(options.command_timeout * 2, async {
             check_persistence(&mut connection).await;
             Ok(())
@@ -301,7 +324,18 @@ impl RedisStore {
         .unwrap_or_else(
             |error| tracing::debug!(%error, "could not read the Redis persistence settings"),
         );
+        let announcements = Announcements::new(options.execution_recheck);
+        let listen = move || -> BoxFuture<'static, Result<AnnouncedIds, StoreError>> {
+            let client = client.clone();
+            Box::pin(within(
+                options.acquire_timeout + options.command_timeout,
+                listen(client),
+            ))
+        };
+        let listener = announcements.listen(listen().await?, listen);
         Ok(RedisStore {
+            announcements,
+            _listener: listener,
             inner: Arc::new(Inner {
                 connection,
                 reserve: Script::new(RESERVE),
@@ -685,6 +719,7 @@ impl IdempotencyStore for RedisStore {
                 .arg(event.id)
                 .arg(event.data.as_ref())
                 .arg(KEPT_PROGRESS)
+                .arg(execution_id)
                 .invoke_async(&mut self.inner.connection.clone())
                 .await
                 .map_err(failed)?;
@@ -712,6 +747,7 @@ impl IdempotencyStore for RedisStore {
                 .arg(stored.body.as_slice())
                 .arg(outcome.event_id)
                 .arg(millis(ttl))
+                .arg(execution_id)
                 .invoke_async(&mut self.inner.connection.clone())
                 .await
                 .map_err(failed)?;
@@ -752,6 +788,7 @@ impl IdempotencyStore for RedisStore {
                 .cancel_execution
                 .key(execution_key(execution_id))
                 .arg(caller)
+                .arg(execution_id)
                 .invoke_async(&mut self.inner.connection.clone())
                 .await
                 .map_err(failed)?;
@@ -763,7 +800,7 @@ impl IdempotencyStore for RedisStore {
         }))
     }
 
-    fn execution_changed(&self, _execution_id: &str) -> BoxFuture<'static, ()> {
-        Box::pin(tokio::time::sleep(EXECUTION_POLL))
+    fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
+        self.announcements.changed(execution_id)
     }
 }

@@ -54,7 +54,7 @@ impl RedisRateLimiter {
 
     /// Like [`RedisRateLimiter::connect`], with the time limits and certificates of `options`.
     pub async fn connect_with(url: &str, options: StoreOptions) -> Result<Self, Error> {
-        let (connection, options) = crate::idempotency::redis::open(url, &options)
+        let (connection, _, options) = crate::idempotency::redis::open(url, &options)
             .await
             .map_err(|StoreError(source)| Error::Unavailable {
                 service: "the Redis rate limiter",
