@@ -40,10 +40,10 @@ impl Authenticator for Tokens {
     }
 }
 
-const ALICE: (&str, &str) = ("authorization", "Bearer alice");
+pub(crate) const ALICE: (&str, &str) = ("authorization", "Bearer alice");
 const BOB: (&str, &str) = ("authorization", "Bearer bob");
 const ROOT: (&str, &str) = ("authorization", "Bearer root");
-const ASYNC: (&str, &str) = ("prefer", "respond-async");
+pub(crate) const ASYNC: (&str, &str) = ("prefer", "respond-async");
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct Chatter {
@@ -95,7 +95,7 @@ pub(crate) fn app(probe: &Probe) -> carmy::App {
         .authenticator(Tokens)
 }
 
-fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> Request<Body> {
+pub(crate) fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> Request<Body> {
     let mut request = Request::builder().method(method).uri(path);
     for (name, value) in headers {
         request = request.header(*name, *value);
@@ -103,12 +103,12 @@ fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> Request<Body> 
     request.body(Body::empty()).unwrap()
 }
 
-async fn start(router: &axum::Router, call: &Value, headers: &[(&str, &str)]) -> Answer {
+pub(crate) async fn start(router: &axum::Router, call: &Value, headers: &[(&str, &str)]) -> Answer {
     send(router, execute_request(call, headers)).await
 }
 
 /// Reads the execution until it has ended.
-async fn wait_ended(router: &axum::Router, location: &str, who: (&str, &str)) -> Answer {
+pub(crate) async fn wait_ended(router: &axum::Router, location: &str, who: (&str, &str)) -> Answer {
     loop {
         let answer = send(router, request("GET", location, &[who])).await;
         if answer.json()["status"] != "running" {
@@ -118,7 +118,7 @@ async fn wait_ended(router: &axum::Router, location: &str, who: (&str, &str)) ->
     }
 }
 
-fn chatter(reports: u64, millis: u64) -> Value {
+pub(crate) fn chatter(reports: u64, millis: u64) -> Value {
     json!({ "tool": "chatty", "arguments": { "reports": reports, "millis": millis } })
 }
 

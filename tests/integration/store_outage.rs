@@ -161,6 +161,76 @@ async fn a_stalled_redis_is_503_in_time_and_the_call_never_runs() {
     a_stall_is_503_in_time_and_the_call_never_runs(&url).await;
 }
 
+/// Every request about executions while the store stalls: a retryable JSON `503` in time; the
+/// execution is intact once the store answers again.
+async fn a_stall_is_503_in_time_for_every_execution_request(url: &str) {
+    use crate::executions::{ALICE, ASYNC, chatter, request, start, wait_ended};
+    let (target, with_authority) = split_authority(url);
+    let proxy = Proxy::start(target).await;
+    let store = carmy::idempotency::connect_with(&with_authority(proxy.addr), quick())
+        .await
+        .expect("the store is reachable at start-up");
+    let router = crate::executions::app(&Probe::default())
+        .idempotency_store(store)
+        .router()
+        .unwrap();
+    let accepted = start(&router, &chatter(1, 50), &[ALICE, ASYNC]).await;
+    assert_eq!(accepted.status, StatusCode::ACCEPTED);
+    let location = accepted.header("location").unwrap().to_owned();
+    let ended = wait_ended(&router, &location, ALICE).await;
+
+    proxy.pause();
+    let events = format!("{location}/events");
+    for (method, path) in [
+        ("GET", location.as_str()),
+        ("GET", "/agent/executions"),
+        ("GET", events.as_str()),
+        ("DELETE", location.as_str()),
+    ] {
+        let started = Instant::now();
+        let refused = tokio::time::timeout(
+            Duration::from_secs(10),
+            carmy_tests::send(&router, request(method, path, &[ALICE])),
+        )
+        .await
+        .expect("answered while the store is stalled");
+        assert!(started.elapsed() < 3 * TIMEOUT, "{method} {path}");
+        assert_eq!(
+            refused.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{method} {path}: {:?}",
+            refused.body
+        );
+        assert_eq!(refused.json()["error"]["code"], "IDEMPOTENCY_UNAVAILABLE");
+        assert_eq!(refused.json()["error"]["retryable"], true);
+    }
+    let started = Instant::now();
+    let refused = start(&router, &chatter(1, 0), &[ALICE, ASYNC]).await;
+    assert!(started.elapsed() < 3 * TIMEOUT);
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.json()["error"]["code"], "IDEMPOTENCY_UNAVAILABLE");
+
+    proxy.resume();
+    let again = wait_ended(&router, &location, ALICE).await;
+    assert_eq!(again.body, ended.body, "the finished execution is intact");
+}
+
+#[tokio::test]
+async fn a_stalled_postgres_is_503_in_time_for_every_execution_request() {
+    let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
+        return;
+    };
+    a_stall_is_503_in_time_for_every_execution_request(&url).await;
+}
+
+#[tokio::test]
+async fn a_stalled_redis_is_503_in_time_for_every_execution_request() {
+    let Some(url) = server_url("CARMY_TEST_REDIS_URL") else {
+        return;
+    };
+    a_stall_is_503_in_time_for_every_execution_request(&url).await;
+}
+
 #[tokio::test]
 async fn time_limits_can_be_set_in_the_store_url() {
     let Some(url) = server_url("CARMY_TEST_REDIS_URL") else {
