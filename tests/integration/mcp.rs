@@ -783,9 +783,9 @@ async fn task_until_done(router: &axum::Router, task_id: &str) -> Value {
     }
 }
 
-/// MCP tasks (the 2026-07-28 extension, driven here as the JSON-RPC exchange itself: the
-/// official SDK clients are not installed where this was written) are the executions of
-/// protocol.md §9: the same record over HTTP, the same caller scoping, the same cancellation.
+/// MCP tasks (the 2026-07-28 extension, driven here as the JSON-RPC exchange itself; the
+/// official Python SDK drives them in `mcp_clients`) are the executions of protocol.md §9: the
+/// same record over HTTP, the same caller scoping, the same cancellation.
 #[tokio::test]
 async fn a_client_that_takes_tasks_gets_the_execution_as_a_task() {
     let probe = Probe::default();

@@ -1,5 +1,6 @@
 //! The official MCP clients (`tests/mcp-clients/`) against the example server, over loopback
-//! and over stdio: the Python SDK in both protocol generations, and the TypeScript client.
+//! and over stdio: the Python SDK in both protocol generations and with the tasks extension,
+//! and the TypeScript client.
 //!
 //! `.ci/run` installs the clients and names them in `CARMY_MCP_PYTHON` (a virtualenv's python)
 //! and `CARMY_MCP_NODE` (node, with `npm ci` run in `tests/mcp-clients`), and the built example
@@ -8,6 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
+use carmy::auth::{TokenAuthenticator, hash_token};
+use carmy::{Principal, TrustLevel};
 use carmy_tests::Server;
 
 const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mcp-clients");
@@ -52,6 +55,33 @@ async fn the_python_sdk_over_streamable_http_in_both_generations() {
         let (_server, url) = shop().await;
         run(&python, &["client.py", mode, &url]).await;
     }
+}
+
+/// Two identified callers: tasks belong to the caller who started them (`protocol.md` §9).
+const ALICE_TOKEN: &str = "mcp-tasks-alice-0123456789";
+const BOB_TOKEN: &str = "mcp-tasks-bob-0123456789";
+
+/// `tasks.py`: the SDK, given the tasks extension, gets `generate_report` as a task, polls and
+/// cancels it, and reads the same execution over HTTP.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_python_sdk_takes_tool_calls_as_tasks_that_are_the_executions() {
+    let Some(python) = program("CARMY_MCP_PYTHON") else {
+        return;
+    };
+    let tokens = TokenAuthenticator::new()
+        .token(
+            &hash_token(ALICE_TOKEN),
+            Principal::new("alice", TrustLevel::Known),
+        )
+        .unwrap()
+        .token(
+            &hash_token(BOB_TOKEN),
+            Principal::new("bob", TrustLevel::Known),
+        )
+        .unwrap();
+    let server = Server::start(shop::app().authenticator(tokens).router().unwrap()).await;
+    let url = format!("http://{}/mcp", server.addr);
+    run(&python, &["tasks.py", &url, ALICE_TOKEN, BOB_TOKEN]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
