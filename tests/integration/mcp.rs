@@ -804,6 +804,8 @@ async fn a_client_that_takes_tasks_gets_the_execution_as_a_task() {
     let task = result(&started);
     assert_eq!(task["resultType"], "task", "{task}");
     assert_eq!(task["status"], "working");
+    // Kept at least the record ttl (24 h by default), not forever (`null`).
+    assert_eq!(task["ttlMs"], 86_400_000, "{task}");
     let task_id = task["taskId"].as_str().unwrap().to_owned();
     assert!(task_id.starts_with("exec_"), "{task_id}");
 
@@ -822,6 +824,7 @@ async fn a_client_that_takes_tasks_gets_the_execution_as_a_task() {
 
     let done = task_until_done(&router, &task_id).await;
     assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["ttlMs"], 86_400_000, "{done}");
     assert_eq!(done["result"]["structuredContent"], json!({ "reports": 2 }));
     assert_eq!(
         done["result"]["_meta"]["dev.carmy/execution_id"],

@@ -220,17 +220,9 @@ impl McpHandler {
                 prefer_async: true,
             };
             return match self.shared.runtime.call(call, delivery).await {
-                Answer::Accepted(accepted) => {
-                    let created = executions::created_at(&accepted.execution_id);
-                    let task = Task::new(
-                        accepted.execution_id.to_string(),
-                        TaskStatus::Working,
-                        created.clone(),
-                        created,
-                    )
-                    .with_poll_interval_ms(poll_interval_ms());
-                    Ok(CallToolResponse::Task(CreateTaskResult::new(task)))
-                }
+                Answer::Accepted(accepted) => Ok(CallToolResponse::Task(CreateTaskResult::new(
+                    self.task_of(&accepted.execution_id),
+                ))),
                 Answer::Outcome(outcome) => answer(&outcome, structured),
             };
         }
@@ -247,6 +239,21 @@ impl McpHandler {
 }
 
 impl McpHandler {
+    /// The task that execution `execution_id` is. It is kept at least the record ttl from its
+    /// creation (the ttl runs from its end).
+    fn task_of(&self, execution_id: &str) -> Task {
+        let created = executions::created_at(execution_id);
+        let ttl = self.shared.runtime.record_ttl().as_millis();
+        Task::new(
+            execution_id.to_owned(),
+            TaskStatus::Working,
+            created.clone(),
+            created,
+        )
+        .with_poll_interval_ms(poll_interval_ms())
+        .with_ttl_ms(u64::try_from(ttl).unwrap_or(u64::MAX))
+    }
+
     /// `tasks/get`: the caller's execution as a task; another caller's is unknown.
     async fn task(
         &self,
@@ -262,14 +269,7 @@ impl McpHandler {
             .await
             .map_err(|error| ErrorData::internal_error(error.message().to_owned(), None))?
             .ok_or_else(no_such_task)?;
-        let created = executions::created_at(&record.execution_id);
-        let task = Task::new(
-            record.execution_id.to_string(),
-            TaskStatus::Working,
-            created.clone(),
-            created,
-        )
-        .with_poll_interval_ms(poll_interval_ms());
+        let task = self.task_of(&record.execution_id);
         let Some(ended) = record.outcome else {
             return Ok(DetailedTask::new(task, TaskPayload::Working));
         };

@@ -273,6 +273,12 @@ impl Runtime {
         self.metrics.as_ref()
     }
 
+    /// How long a finished execution's record is kept.
+    #[cfg(feature = "mcp")]
+    pub(crate) fn record_ttl(&self) -> Duration {
+        self.settings.record_ttl
+    }
+
     /// The executions kept for their callers (`protocol.md` §9).
     pub(crate) fn executions(&self) -> crate::executions::Executions {
         crate::executions::Executions::new(Arc::clone(&self.store))
