@@ -21,6 +21,7 @@ mod mcp_clients;
 mod memory_bound;
 mod metrics;
 mod openapi;
+mod outbox_contract;
 mod protection;
 mod providers;
 mod recording;

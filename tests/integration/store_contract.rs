@@ -854,10 +854,10 @@ async fn memory_store_is_bounded_by_bytes_and_never_evicts_a_running_record() {
 // ---- the file store ----
 
 /// A store file of this run, deleted when dropped.
-struct TempFile(PathBuf);
+pub(crate) struct TempFile(pub(crate) PathBuf);
 
 impl TempFile {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         TempFile(std::env::temp_dir().join(format!("carmy-{}-{name}.redb", run_id())))
     }
 }

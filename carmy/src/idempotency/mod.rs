@@ -16,6 +16,7 @@ mod executions;
 mod file;
 mod memory;
 mod options;
+mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(any(feature = "postgres", feature = "redis", feature = "file"))]
@@ -42,6 +43,9 @@ pub use executions::{
 pub use file::FileStore;
 pub use memory::MemoryStore;
 pub use options::StoreOptions;
+pub use outbox::{
+    AfterAttempt, ClaimedDelivery, DeliveryAttempt, KEPT_ATTEMPTS, OutboxEvent, StoredSubscription,
+};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "redis")]
@@ -338,6 +342,94 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     fn ping(&self) -> Option<BoxFuture<'_, Result<(), StoreError>>> {
         None
     }
+
+    /// Whether the store keeps event subscriptions and the outbox (`protocol.md` §8). The
+    /// event methods below are used only when it does.
+    fn keeps_events(&self) -> bool {
+        false
+    }
+
+    /// Saves `subscription`, replacing the one with its id.
+    fn save_subscription<'a>(
+        &'a self,
+        subscription: &'a StoredSubscription,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = subscription;
+        Box::pin(std::future::ready(Err(events_not_kept())))
+    }
+
+    /// The subscription `id`.
+    fn subscription<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<StoredSubscription>, StoreError>> {
+        let _ = id;
+        Box::pin(std::future::ready(Err(events_not_kept())))
+    }
+
+    /// Every subscription, oldest first.
+    fn subscriptions(&self) -> BoxFuture<'_, Result<Vec<StoredSubscription>, StoreError>> {
+        Box::pin(std::future::ready(Err(events_not_kept())))
+    }
+
+    /// Deletes the subscription `id` with its pending deliveries and its attempts; whether it
+    /// existed.
+    fn delete_subscription<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = id;
+        Box::pin(std::future::ready(Err(events_not_kept())))
+    }
+
+    /// Writes `event` with one delivery per subscription of `subscription_ids`, each due now;
+    /// durable (as the store is) once this returns. The subscriptions need not be in the store
+    /// (those of the configuration file are not).
+    fn enqueue_event<'a>(
+        &'a self,
+        event: &'a OutboxEvent,
+        subscription_ids: &'a [Arc<str>],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (event, subscription_ids);
+        Box::pin(std::future::ready(Err(events_not_kept())))
+    }
+
+    /// Claims up to `limit` deliveries that are due and unclaimed (or whose claim's lease has
+    /// passed: its replica died), the earliest due first, each for `lease`. Replicas claiming
+    /// together never get the same delivery.
+    fn claim_deliveries(
+        &self,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'_, Result<Vec<ClaimedDelivery>, StoreError>> {
+        let _ = (limit, lease);
+        Box::pin(std::future::ready(Err(events_not_kept())))
+    }
+
+    /// Logs `attempt` of a claimed delivery (the latest [`KEPT_ATTEMPTS`] per subscription are
+    /// kept), then removes the delivery or schedules its next attempt, as `after` says. With a
+    /// stale claim (another replica claimed the delivery since) only the log changes.
+    fn finish_attempt<'a>(
+        &'a self,
+        claimed: &'a ClaimedDelivery,
+        attempt: &'a DeliveryAttempt,
+        after: AfterAttempt,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (claimed, attempt, after);
+        Box::pin(std::future::ready(Err(events_not_kept())))
+    }
+
+    /// The latest `limit` attempts of deliveries to `subscription_id`, newest first.
+    fn delivery_attempts<'a>(
+        &'a self,
+        subscription_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeliveryAttempt>, StoreError>> {
+        let _ = (subscription_id, limit);
+        Box::pin(std::future::ready(Err(events_not_kept())))
+    }
+
+    /// How many deliveries wait in the outbox, due or not (its size is bounded).
+    fn pending_deliveries(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
+        Box::pin(std::future::ready(Err(events_not_kept())))
+    }
 }
 
 /// A shared store (`connect` returns one) is a store too.
@@ -436,8 +528,75 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
     fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
         (**self).execution_changed(execution_id)
     }
+
+    fn keeps_events(&self) -> bool {
+        (**self).keeps_events()
+    }
+
+    fn save_subscription<'a>(
+        &'a self,
+        subscription: &'a StoredSubscription,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).save_subscription(subscription)
+    }
+
+    fn subscription<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<StoredSubscription>, StoreError>> {
+        (**self).subscription(id)
+    }
+
+    fn subscriptions(&self) -> BoxFuture<'_, Result<Vec<StoredSubscription>, StoreError>> {
+        (**self).subscriptions()
+    }
+
+    fn delete_subscription<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        (**self).delete_subscription(id)
+    }
+
+    fn enqueue_event<'a>(
+        &'a self,
+        event: &'a OutboxEvent,
+        subscription_ids: &'a [Arc<str>],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).enqueue_event(event, subscription_ids)
+    }
+
+    fn claim_deliveries(
+        &self,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'_, Result<Vec<ClaimedDelivery>, StoreError>> {
+        (**self).claim_deliveries(limit, lease)
+    }
+
+    fn finish_attempt<'a>(
+        &'a self,
+        claimed: &'a ClaimedDelivery,
+        attempt: &'a DeliveryAttempt,
+        after: AfterAttempt,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).finish_attempt(claimed, attempt, after)
+    }
+
+    fn delivery_attempts<'a>(
+        &'a self,
+        subscription_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeliveryAttempt>, StoreError>> {
+        (**self).delivery_attempts(subscription_id, limit)
+    }
+
+    fn pending_deliveries(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
+        (**self).pending_deliveries()
+    }
 }
 
 fn executions_not_kept() -> StoreError {
     StoreError::message("this store does not keep executions")
+}
+
+fn events_not_kept() -> StoreError {
+    StoreError::message("this store does not keep event subscriptions or an outbox")
 }
