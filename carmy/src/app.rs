@@ -428,6 +428,8 @@ impl App {
                 current,
                 &http,
                 cfg!(feature = "mcp"),
+                #[cfg(feature = "events")]
+                Arc::clone(&started.events),
             ),
             <ToolError as IntoResponse>::into_response,
         );
@@ -473,7 +475,8 @@ impl App {
         let catalog = Catalog::build(self.tools, &self.states)?;
         log_tools(&catalog);
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
-        let runtime = Runtime::new(
+        #[cfg_attr(not(feature = "events"), expect(unused_mut))]
+        let mut runtime = Runtime::new(
             &catalog,
             self.states,
             Arc::clone(&store),
@@ -496,6 +499,19 @@ impl App {
             let current = Arc::clone(&current);
             move || current.load().protection.limits.iter().any(Option::is_some)
         };
+        #[cfg(feature = "events")]
+        let events = {
+            let events = crate::events::Events::new(Arc::clone(&store), Arc::clone(&current));
+            runtime.publish_to(Arc::clone(&events));
+            let stop = runtime.shutdown_token();
+            tokio::spawn(crate::events::deliver_outbox(Arc::downgrade(&events), stop));
+            tokio::spawn(crate::events::forward_changes(
+                Arc::downgrade(&events),
+                self.health.subscribe(),
+                self.reloads.subscribe(),
+            ));
+            events
+        };
         self.health.watch(
             Dependencies {
                 store,
@@ -515,6 +531,8 @@ impl App {
         Ok(Started {
             #[cfg(feature = "mcp")]
             name,
+            #[cfg(feature = "events")]
+            events,
             runtime: Arc::new(runtime),
             current,
             reloader,
@@ -530,6 +548,8 @@ struct Started {
     runtime: Arc<Runtime>,
     current: Current,
     reloader: Arc<Reloader>,
+    #[cfg(feature = "events")]
+    events: Arc<crate::events::Events>,
 }
 
 /// The executable's file name, the natural name of a one-binary service.

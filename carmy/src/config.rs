@@ -30,6 +30,17 @@
 //! enabled = true                  # CARMY_METRICS_ENABLED: serve GET /metrics
 //! trust = "internal"              # the least trusted caller that may read it (default anonymous)
 //!
+//! [events]                        # outbound webhooks (feature `events`): on when present
+//! allow_http = false              # CARMY_EVENTS_ALLOW_HTTP: plain http:// receivers
+//! allow_networks = []             # CARMY_EVENTS_ALLOW_NETWORKS: CIDRs exempt from the SSRF guard
+//! retry_schedule = ["5s", "5m", "30m", "2h", "5h", "10h", "10h"]
+//! disable_after = "5d"            # a subscription failing this long is disabled
+//! attempt_timeout = "15s"
+//! [[events.subscriptions]]        # declared subscriptions, reloaded like the rest
+//! url = "https://hooks.example.com/carmy"
+//! event_types = ["execution.finished"]
+//! secret_env = "SHOP_WEBHOOK_SECRET"   # names the variable holding its whsec_… secret
+//!
 //! [[tokens]]                      # tables of tokens have no override
 //! id = "reporting"
 //! trust = "known"
@@ -74,6 +85,27 @@ pub struct Config {
     /// `[tools.NAME]`, by tool name.
     pub(crate) tools: BTreeMap<String, ToolOverride>,
     pub(crate) metrics: Metrics,
+    /// `[events]`; `None` without the table: no events.
+    pub(crate) events: Option<EventsConfig>,
+}
+
+/// `[events]`: how events are delivered, and the subscriptions the file declares.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EventsConfig {
+    pub(crate) allow_http: bool,
+    pub(crate) allow_networks: Vec<String>,
+    pub(crate) retry_schedule: Vec<Duration>,
+    pub(crate) disable_after: Duration,
+    pub(crate) attempt_timeout: Duration,
+    pub(crate) subscriptions: Vec<DeclaredSubscriptionConfig>,
+}
+
+/// `[[events.subscriptions]]`, its secret read from the variable it names.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct DeclaredSubscriptionConfig {
+    pub(crate) url: String,
+    pub(crate) event_types: Vec<String>,
+    pub(crate) secret: crate::events::secret::SigningSecret,
 }
 
 /// `[tools.NAME]`: what the file changes about one tool.
@@ -188,7 +220,7 @@ impl Config {
             }
         }
         let at = |span: &Range<usize>| format!("{origin}:{}", line(text, span));
-        file.into_config(at)
+        file.into_config(at, &env)
             .map_err(|(error, span)| Error::Config(format!("{}: {error}", at(&span))))
     }
 }
@@ -229,6 +261,67 @@ struct File {
     /// `None` without a `[[tokens]]` table: no token authentication at all.
     tokens: Option<Vec<Token>>,
     tools: BTreeMap<String, Spanned<Tool>>,
+    events: Option<Events>,
+}
+
+/// `[events]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Events {
+    #[serde(default)]
+    allow_http: bool,
+    #[serde(default)]
+    allow_networks: Vec<String>,
+    #[serde(default = "retry_schedule", deserialize_with = "durations")]
+    retry_schedule: Vec<Duration>,
+    #[serde(default = "disable_after", deserialize_with = "duration")]
+    disable_after: Duration,
+    #[serde(default = "attempt_timeout", deserialize_with = "duration")]
+    attempt_timeout: Duration,
+    #[serde(default)]
+    subscriptions: Vec<Spanned<DeclaredSubscription>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeclaredSubscription {
+    url: String,
+    event_types: Vec<String>,
+    secret_env: String,
+}
+
+fn retry_schedule() -> Vec<Duration> {
+    ["5s", "5m", "30m", "2h", "5h", "10h", "10h"]
+        .iter()
+        .filter_map(|text| humantime::parse_duration(text).ok())
+        .collect()
+}
+
+fn disable_after() -> Duration {
+    Duration::from_secs(5 * 24 * 60 * 60)
+}
+
+fn attempt_timeout() -> Duration {
+    Duration::from_secs(15)
+}
+
+/// `"15s"`, in humantime's notation, at least a millisecond.
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    timeout(deserializer)?.ok_or_else(|| serde::de::Error::custom("a duration is required"))
+}
+
+/// `["5s", "5m"]`, each at least a millisecond.
+fn durations<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Duration>, D::Error> {
+    Vec::<String>::deserialize(deserializer)?
+        .iter()
+        .map(|text| match humantime::parse_duration(text) {
+            Ok(duration) if duration >= Duration::from_millis(1) => Ok(duration),
+            Ok(_) => Err(serde::de::Error::custom("a delay must be at least 1ms")),
+            Err(error) => Err(serde::de::Error::custom(format!(
+                "`{text}` is not a duration such as \"5s\": {error}"
+            ))),
+        })
+        .collect()
 }
 
 /// `[tools.NAME]`: a tool turned off, opened or closed to a trust level, or given a deadline.
@@ -382,7 +475,18 @@ const OVERRIDES: &[(&str, Override)] = &[
     ("metrics.enabled", |file, value| {
         set(&mut file.metrics.enabled, value)
     }),
+    ("events.allow_http", |file, value| match &mut file.events {
+        Some(events) => set(&mut events.allow_http, value),
+        None => Err(NO_EVENTS_TABLE),
+    }),
+    ("events.allow_networks", |file, value| match &mut file.events {
+        Some(events) => set(&mut events.allow_networks, value),
+        None => Err(NO_EVENTS_TABLE),
+    }),
 ];
+
+/// Events are turned on in the file; an override only changes how.
+const NO_EVENTS_TABLE: &str = "set in a file with an `[events]` table";
 
 fn set<T: FromEnv>(slot: &mut T, value: &str) -> Result<(), &'static str> {
     *slot = T::from_env(value.trim())?;
@@ -437,6 +541,7 @@ impl File {
     fn into_config(
         self,
         at: impl Fn(&Range<usize>) -> String,
+        env: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, (Error, Range<usize>)> {
         let File {
             trust_forwarded_for,
@@ -447,7 +552,9 @@ impl File {
             metrics,
             tokens,
             tools,
+            events,
         } = self;
+        let events = events.map(|events| events.into_config(&env)).transpose()?;
         let tools = tools
             .into_iter()
             .map(|(name, tool)| {
@@ -509,6 +616,58 @@ impl File {
             server: server.into_config(),
             tools,
             metrics,
+            events,
+        })
+    }
+}
+
+impl Events {
+    /// The settings, each declared subscription's secret read from its variable.
+    fn into_config(
+        self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<EventsConfig, (Error, Range<usize>)> {
+        let Events {
+            allow_http,
+            allow_networks,
+            retry_schedule,
+            disable_after,
+            attempt_timeout,
+            subscriptions,
+        } = self;
+        let subscriptions = subscriptions
+            .into_iter()
+            .map(|declared| {
+                let span = declared.span();
+                let DeclaredSubscription {
+                    url,
+                    event_types,
+                    secret_env,
+                } = declared.into_inner();
+                let refused = |reason: String| (Error::Config(reason), span.clone());
+                let text = env(&secret_env).ok_or_else(|| {
+                    refused(format!(
+                        "the secret of {url}: the variable `{secret_env}` is not set"
+                    ))
+                })?;
+                let secret = crate::events::secret::SigningSecret::parse(text.trim())
+                    .map_err(|error| {
+                        refused(format!("the secret of {url} in `{secret_env}`: {error}"))
+                    })?;
+                Ok(DeclaredSubscriptionConfig {
+                    url,
+                    event_types,
+                    secret,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(EventsConfig {
+            allow_http,
+            allow_networks,
+            retry_schedule,
+            disable_after,
+            attempt_timeout,
+            subscriptions,
         })
     }
 }

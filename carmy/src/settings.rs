@@ -30,6 +30,9 @@ pub(crate) struct Settings {
     /// MCP's tool list of each trust level, indexed by [`TrustLevel::index`].
     #[cfg(feature = "mcp")]
     pub(crate) mcp_tools: [Vec<rmcp::model::Tool>; 4],
+    /// `[events]`; `None` while events are off.
+    #[cfg(feature = "events")]
+    pub(crate) events: Option<Arc<crate::events::EventSettings>>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -86,6 +89,8 @@ impl Base {
                     server: _,
                     metrics: _,
                     tools,
+                    // Below, with the other derived objects.
+                    events: _,
                 } = config;
                 if let Some(tokens) = authenticator {
                     protection.authenticator = Some(Arc::new(tokens.clone()));
@@ -98,9 +103,23 @@ impl Base {
             }
         };
         runtime::check_record_ttl(&catalog, &self.runtime)?;
+        let events_config = config.and_then(|config| config.events.as_ref());
+        #[cfg(feature = "events")]
+        let events = events_config
+            .map(crate::events::EventSettings::build)
+            .transpose()?
+            .map(Arc::new);
+        #[cfg(not(feature = "events"))]
+        if events_config.is_some() {
+            return Err(Error::Config(
+                "[events] needs carmy's `events` cargo feature, which this build does not enable"
+                    .to_owned(),
+            ));
+        }
         let features = Features {
             mcp: self.mcp,
             bearer: protection.authenticator.is_some(),
+            events: events_config.is_some(),
         };
         let documents = Documents::build(&self.name, &catalog, features);
         Ok(Settings {
@@ -109,6 +128,8 @@ impl Base {
             mcp_tools: TrustLevel::ALL.map(|trust| crate::mcp::tools::list(&catalog, trust)),
             catalog: Arc::new(catalog),
             documents,
+            #[cfg(feature = "events")]
+            events,
         })
     }
 }

@@ -38,6 +38,18 @@ pub(crate) mod codes {
     pub(crate) const RATE_LIMITER_UNAVAILABLE: &str = "RATE_LIMITER_UNAVAILABLE";
     #[cfg(feature = "mcp")]
     pub(crate) const ORIGIN_NOT_ALLOWED: &str = "ORIGIN_NOT_ALLOWED";
+    /// A webhook URL the SSRF guard refuses (§8).
+    #[cfg(feature = "events")]
+    pub(crate) const WEBHOOK_URL_REFUSED: &str = "WEBHOOK_URL_REFUSED";
+    /// No event subscription has that id (§8).
+    #[cfg(feature = "events")]
+    pub(crate) const SUBSCRIPTION_NOT_FOUND: &str = "SUBSCRIPTION_NOT_FOUND";
+    /// The subscription is declared in `carmy.toml`, not changed through the API (§8).
+    #[cfg(feature = "events")]
+    pub(crate) const SUBSCRIPTION_DECLARED: &str = "SUBSCRIPTION_DECLARED";
+    /// The store of subscriptions and the outbox did not answer (§8).
+    #[cfg(feature = "events")]
+    pub(crate) const EVENTS_UNAVAILABLE: &str = "EVENTS_UNAVAILABLE";
 }
 
 /// carmy/1's paths, shared by the routes and the OpenAPI document that describes them.
@@ -55,6 +67,9 @@ pub(crate) mod paths {
     pub(crate) const READY: &str = "/agent/health/ready";
     /// `POST`: reload `carmy.toml` now (`internal` callers and `manage:config` only).
     pub(crate) const ADMIN_RELOAD: &str = "/agent/admin/reload";
+    /// Webhook subscriptions (§8).
+    #[cfg(feature = "events")]
+    pub(crate) const SUBSCRIPTIONS: &str = "/agent/events/subscriptions";
     /// Where MCP is served, when it is.
     pub(crate) const MCP: &str = "/mcp";
 

@@ -5,15 +5,12 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use http_body_util::{BodyExt, Limited};
 use serde_json::json;
 
-use crate::principal::{Principal, TrustLevel};
 use crate::reload::{ReloadError, Reloaded, Reloader, Trigger};
 use crate::tool_error::ToolError;
 use crate::wire::{JSON, NO_STORE, codes, paths};
@@ -31,16 +28,10 @@ pub(crate) fn router(reloader: Arc<Reloader>) -> Router {
 /// `409 CONFIG_INVALID` with the error, a restart-only change `409 RESTART_REQUIRED` naming the
 /// key.
 async fn reload(State(reloader): State<Arc<Reloader>>, request: Request) -> Response {
-    let allowed = request
-        .extensions()
-        .get::<Principal>()
-        .is_some_and(|caller| {
-            caller.trust() == TrustLevel::Internal || caller.has_permission(MANAGE_CONFIG)
-        });
-    if !allowed {
+    if !super::may_manage(&request, MANAGE_CONFIG) {
         return super::route_not_found().await.into_response();
     }
-    if let Err(error) = empty_body(request.into_body()).await {
+    if let Err(error) = super::empty_body(request.into_body(), "the reload").await {
         return error.into_response();
     }
     let reloaded = match reloader.reload(Trigger::Admin) {
@@ -61,17 +52,6 @@ async fn reload(State(reloader): State<Arc<Reloader>>, request: Request) -> Resp
         body.to_string(),
     )
         .into_response()
-}
-
-/// The reload takes no input: a body is refused rather than ignored.
-async fn empty_body(body: Body) -> Result<(), ToolError> {
-    match Limited::new(body, 0).collect().await {
-        Ok(_) => Ok(()),
-        Err(error) if super::body_timed_out(&*error) => Err(super::body_timeout()),
-        Err(_) => Err(ToolError::invalid_request(
-            "the reload takes no request body",
-        )),
-    }
 }
 
 fn refusal(error: &ReloadError) -> ToolError {

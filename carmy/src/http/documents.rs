@@ -25,15 +25,8 @@ use crate::tool_error::ToolError;
 use crate::wire::{JSON, paths};
 
 const PROTOCOL: &str = "carmy/1";
+/// Discovery's capabilities, in this order; `mcp` and `events` only when served.
 const CAPABILITIES: &[&str] = &[
-    "tools",
-    "streaming",
-    "idempotency",
-    "health",
-    "openapi",
-    "executions",
-];
-const CAPABILITIES_WITH_MCP: &[&str] = &[
     "tools",
     "streaming",
     "idempotency",
@@ -41,6 +34,7 @@ const CAPABILITIES_WITH_MCP: &[&str] = &[
     "health",
     "openapi",
     "executions",
+    "events",
 ];
 
 static CACHE_CONTROL_VALUE: HeaderValue = HeaderValue::from_static("private, max-age=60");
@@ -128,6 +122,8 @@ pub(crate) struct Features {
     pub(crate) mcp: bool,
     /// An authenticator checks bearer credentials.
     pub(crate) bearer: bool,
+    /// Events are delivered (`[events]`).
+    pub(crate) events: bool,
 }
 
 impl Documents {
@@ -176,7 +172,20 @@ impl LevelDocuments {
             .visible_to(trust)
             .map(|tool| &definitions[tool.descriptor.name])
             .collect();
-        let Features { mcp, bearer } = features;
+        let Features {
+            mcp,
+            bearer,
+            events,
+        } = features;
+        let capabilities: Vec<&str> = CAPABILITIES
+            .iter()
+            .copied()
+            .filter(|capability| match *capability {
+                "mcp" => mcp,
+                "events" => events,
+                _ => true,
+            })
+            .collect();
         let tools = catalog
             .visible_to(trust)
             .map(|tool| CatalogEntry {
@@ -196,11 +205,7 @@ impl LevelDocuments {
         let discovery = Document::new(&DiscoveryBody {
             protocol: PROTOCOL,
             server: name,
-            capabilities: if mcp {
-                CAPABILITIES_WITH_MCP
-            } else {
-                CAPABILITIES
-            },
+            capabilities: &capabilities,
             tools_url: paths::CATALOG,
             tools_version: catalog_document.hash(),
             execute_url: paths::EXECUTE,

@@ -4,6 +4,8 @@
 mod admin;
 mod documents;
 pub(crate) mod error;
+#[cfg(feature = "events")]
+mod events;
 mod execute;
 mod executions;
 mod health;
@@ -58,6 +60,7 @@ pub(crate) fn router(
     current: &Current,
     settings: &HttpSettings,
     mcp: bool,
+    #[cfg(feature = "events")] events: Arc<crate::events::Events>,
 ) -> Router {
     let health = health::router(runtime.health().clone());
     let metrics = runtime
@@ -80,13 +83,15 @@ pub(crate) fn router(
             current: Arc::clone(current),
             keep_alive: settings.keep_alive,
         });
-    let mut router = documents
+    let router = documents
         .merge(execute)
         .merge(executions)
         .merge(health)
         .merge(admin::router(reloader))
-        .merge(metrics.unwrap_or_default())
-        .method_not_allowed_fallback(method_not_allowed);
+        .merge(metrics.unwrap_or_default());
+    #[cfg(feature = "events")]
+    let router = router.merge(events::router(events));
+    let mut router = router.method_not_allowed_fallback(method_not_allowed);
     let mut owned = vec!["/agent", "/agent/{*rest}", "/.well-known/agent/{*rest}"];
     if mcp {
         owned.push("/mcp/{*rest}");
@@ -99,7 +104,34 @@ pub(crate) fn router(
 
 /// The JSON 404 of carmy's paths, and of every path when carmy owns the server.
 pub(crate) async fn route_not_found() -> ToolError {
+    not_a_route()
+}
+
+fn not_a_route() -> ToolError {
     ToolError::not_found(codes::ROUTE_NOT_FOUND, "no such route").recoverable(false)
+}
+
+/// Whether the caller may use a management route: `internal`, or holding `permission`.
+/// Anyone else gets the unknown route's `404`, so the route reveals nothing.
+fn may_manage(request: &axum::extract::Request, permission: &str) -> bool {
+    request
+        .extensions()
+        .get::<crate::principal::Principal>()
+        .is_some_and(|caller| {
+            caller.trust() == TrustLevel::Internal || caller.has_permission(permission)
+        })
+}
+
+/// A route that takes no input refuses a body rather than ignoring it.
+async fn empty_body(body: axum::body::Body, what: &str) -> Result<(), ToolError> {
+    use http_body_util::{BodyExt, Limited};
+    match Limited::new(body, 0).collect().await {
+        Ok(_) => Ok(()),
+        Err(error) if body_timed_out(&*error) => Err(body_timeout()),
+        Err(_) => Err(ToolError::invalid_request(format!(
+            "{what} takes no request body"
+        ))),
+    }
 }
 
 async fn method_not_allowed() -> ToolError {

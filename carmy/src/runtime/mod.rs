@@ -161,6 +161,9 @@ pub(crate) struct Runtime {
     health: Health,
     /// `None` when metrics are off: nothing is counted.
     metrics: Option<Arc<Metrics>>,
+    /// Where `execution.finished` goes (`protocol.md` §8).
+    #[cfg(feature = "events")]
+    events: Option<Arc<crate::events::Events>>,
 }
 
 /// One rate limit per log line about the store: an outage fails every call.
@@ -261,7 +264,16 @@ impl Runtime {
             logs: StoreLogs::default(),
             health,
             metrics,
+            #[cfg(feature = "events")]
+            events: None,
         }
+    }
+
+    /// Publishes `execution.finished` for every async execution and every one with a
+    /// `request_id`, before it is answered.
+    #[cfg(feature = "events")]
+    pub(crate) fn publish_to(&mut self, events: Arc<crate::events::Events>) {
+        self.events = Some(events);
     }
 
     pub(crate) fn health(&self) -> &Health {
@@ -643,7 +655,9 @@ impl Runtime {
         if !prepared.kept {
             let ran = self.invoke(&prepared, &cancel, events.as_ref()).await;
             drop(running);
-            return self.conclude(&prepared, ran, events.as_ref()).await;
+            let outcome = self.conclude(&prepared, ran, events.as_ref()).await;
+            self.finished(&prepared, &outcome).await;
+            return outcome;
         }
         // A kept execution's events go to the store (any replica replays them) and on to a
         // client streaming this call; a cancellation request through the store cancels it.
@@ -687,7 +701,30 @@ impl Runtime {
                 repeated::summary(held_back)
             );
         }
+        self.finished(&prepared, &outcome).await;
         outcome
+    }
+
+    /// `execution.finished`, for an execution with a record: async, or with a `request_id`
+    /// (anonymous callers' too).
+    #[cfg_attr(not(feature = "events"), allow(clippy::unused_async))]
+    async fn finished(&self, prepared: &Prepared, outcome: &Outcome) {
+        #[cfg(feature = "events")]
+        if let Some(events) = &self.events
+            && (prepared.kept || prepared.idempotency.is_some())
+        {
+            let data = serde_json::json!({
+                "execution_id": &*prepared.execution_id,
+                "tool": prepared.tool.name,
+                "status": outcome.response.status.as_str(),
+                "caller": prepared.principal.id(),
+            });
+            events
+                .publish(crate::events::EventType::ExecutionFinished, data)
+                .await;
+        }
+        #[cfg(not(feature = "events"))]
+        let _ = (prepared, outcome);
     }
 
     /// Claims the idempotency key. A duplicate of a running call waits for it when `wait`,

@@ -1,0 +1,239 @@
+//! `/agent/events/subscriptions` (`protocol.md` §8): webhook subscriptions, managed by
+//! `internal` callers and holders of `manage:events`. To anyone else, and while events are
+//! off, every one of these routes is the `404` of an unknown route.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, Request, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::execute::{parse_body, read_body, require_json};
+use crate::events::{EventSettings, Events, NewSubscription, SubscriptionChange};
+use crate::tool_error::ToolError;
+use crate::wire::{JSON, NO_STORE, paths};
+
+/// The permission that opens the routes to a caller below `internal`.
+const MANAGE_EVENTS: &str = "manage:events";
+
+pub(crate) fn router(events: Arc<Events>) -> Router {
+    let one = format!("{}/{{id}}", paths::SUBSCRIPTIONS);
+    Router::new()
+        .route(paths::SUBSCRIPTIONS, get(list).post(create))
+        .route(&one, get(read).delete(delete).patch(update))
+        .route(&format!("{one}/rotate-secret"), post(rotate_secret))
+        .route(&format!("{one}/deliveries"), get(deliveries))
+        .with_state(events)
+}
+
+/// The `[events]` settings when the caller may manage subscriptions; the unknown route's 404
+/// otherwise.
+fn allowed(events: &Events, request: &Request) -> Result<Arc<EventSettings>, ToolError> {
+    match events.settings() {
+        Some(settings) if super::may_manage(request, MANAGE_EVENTS) => Ok(settings),
+        _ => Err(super::not_a_route()),
+    }
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    (
+        status,
+        [
+            (CONTENT_TYPE, JSON.clone()),
+            (CACHE_CONTROL, NO_STORE.clone()),
+        ],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// A handler's answer: its JSON, or its error's.
+fn answer(result: Result<Response, ToolError>) -> Response {
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    url: String,
+    event_types: Vec<String>,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+async fn create(State(events): State<Arc<Events>>, request: Request) -> Response {
+    answer(
+        async {
+            let settings = allowed(&events, &request)?;
+            let (parts, body) = request.into_parts();
+            require_json(&parts.headers)?;
+            let body: CreateBody = parse_body(&read_body(&parts.headers, body).await?)?;
+            let (view, secret) = events
+                .create(
+                    &settings,
+                    NewSubscription {
+                        url: body.url,
+                        event_types: body.event_types,
+                        description: body.description,
+                    },
+                )
+                .await?;
+            let mut shown = view.to_json();
+            shown["secret"] = json!(secret.to_whsec());
+            let mut response = json_response(StatusCode::CREATED, &shown);
+            if let Ok(location) =
+                HeaderValue::from_str(&format!("{}/{}", paths::SUBSCRIPTIONS, view.id))
+            {
+                response.headers_mut().insert(LOCATION, location);
+            }
+            Ok(response)
+        }
+        .await,
+    )
+}
+
+async fn list(State(events): State<Arc<Events>>, request: Request) -> Response {
+    answer(
+        async {
+            let settings = allowed(&events, &request)?;
+            let listed: Vec<Value> = events
+                .list(&settings)
+                .await?
+                .iter()
+                .map(|view| view.to_json())
+                .collect();
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({ "subscriptions": listed }),
+            ))
+        }
+        .await,
+    )
+}
+
+async fn read(
+    State(events): State<Arc<Events>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response {
+    answer(
+        async {
+            let settings = allowed(&events, &request)?;
+            let view = events.get(&settings, &id).await?;
+            Ok(json_response(StatusCode::OK, &view.to_json()))
+        }
+        .await,
+    )
+}
+
+async fn delete(
+    State(events): State<Arc<Events>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response {
+    answer(
+        async {
+            let settings = allowed(&events, &request)?;
+            events.delete(&settings, &id).await?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        .await,
+    )
+}
+
+/// What `PATCH` may change; `description: null` clears it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpdateBody {
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    event_types: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
+    description: Option<Option<String>>,
+}
+
+/// A field that is present, even as `null`.
+fn present<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(deserializer).map(Some)
+}
+
+async fn update(
+    State(events): State<Arc<Events>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response {
+    answer(
+        async {
+            let settings = allowed(&events, &request)?;
+            let (parts, body) = request.into_parts();
+            require_json(&parts.headers)?;
+            let body: UpdateBody = parse_body(&read_body(&parts.headers, body).await?)?;
+            let change = SubscriptionChange {
+                enabled: body.enabled,
+                event_types: body.event_types,
+                description: body.description,
+            };
+            let view = events.update(&settings, &id, change).await?;
+            Ok(json_response(StatusCode::OK, &view.to_json()))
+        }
+        .await,
+    )
+}
+
+async fn rotate_secret(
+    State(events): State<Arc<Events>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response {
+    answer(
+        async {
+            let settings = allowed(&events, &request)?;
+            super::empty_body(request.into_body(), "the rotation").await?;
+            let (view, secret) = events.rotate_secret(&settings, &id).await?;
+            let mut shown = view.to_json();
+            shown["secret"] = json!(secret.to_whsec());
+            Ok(json_response(StatusCode::OK, &shown))
+        }
+        .await,
+    )
+}
+
+async fn deliveries(
+    State(events): State<Arc<Events>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response {
+    answer(
+        async {
+            let settings = allowed(&events, &request)?;
+            let attempts: Vec<Value> = events
+                .deliveries(&settings, &id)
+                .await?
+                .iter()
+                .map(|attempt| {
+                    json!({
+                        "event_id": &*attempt.event_id,
+                        "at": humantime::format_rfc3339_millis(attempt.at).to_string(),
+                        "status_code": attempt.status,
+                        "duration_ms": u64::try_from(attempt.duration.as_millis()).unwrap_or(u64::MAX),
+                        "error": attempt.error,
+                    })
+                })
+                .collect();
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({ "deliveries": attempts }),
+            ))
+        }
+        .await,
+    )
+}
+
