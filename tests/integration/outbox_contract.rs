@@ -401,3 +401,153 @@ async fn redis_keeps_the_outbox() {
         .unwrap();
     outbox_contract(store, "redis").await;
 }
+
+/// Two replicas sharing one outbox (two stores connected to the same namespace): claiming side
+/// by side, they never get the same delivery; and a delivery claimed by a replica that dies
+/// before it finishes the attempt (dropped, as a killed process) is claimed by the other once
+/// that claim's lease has passed.
+pub(crate) async fn replicas_share_the_outbox(
+    first: Arc<dyn IdempotencyStore>,
+    second: Arc<dyn IdempotencyStore>,
+    name: &str,
+) {
+    let run = format!("{name}-replicas-{}", run_id());
+    let shared: Arc<str> = Arc::from(format!("sub_{run}"));
+    claim_ours(&*first, &HashSet::new(), Duration::from_millis(1)).await;
+    let pending_before = first.pending_deliveries().await.unwrap();
+
+    // Side by side: four claimers on each replica, small batches.
+    let events: Vec<String> = (0..60).map(|n| format!("evt_{run}-{n}")).collect();
+    for id in &events {
+        first
+            .enqueue_event(&event(id), &[Arc::clone(&shared)])
+            .await
+            .unwrap();
+    }
+    let wanted: HashSet<String> = events.iter().cloned().collect();
+    let claimers: Vec<_> = [&first, &second]
+        .into_iter()
+        .flat_map(|store| std::iter::repeat_n(store, 4))
+        .map(|store| {
+            let (store, wanted) = (Arc::clone(store), wanted.clone());
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                loop {
+                    let claimed = store.claim_deliveries(3, LEASE).await.unwrap();
+                    if claimed.is_empty() {
+                        return (store, mine);
+                    }
+                    mine.extend(
+                        claimed
+                            .into_iter()
+                            .filter(|c| wanted.contains(&*c.event.event_id)),
+                    );
+                }
+            })
+        })
+        .collect();
+    let mut claimed_ids = Vec::new();
+    for claimer in claimers {
+        let (store, mine) = claimer.await.unwrap();
+        for delivery in mine {
+            claimed_ids.push(delivery.event.event_id.to_string());
+            let done = attempt(&delivery.event.event_id, Some(204), None);
+            store
+                .finish_attempt(&delivery, &done, AfterAttempt::Delivered)
+                .await
+                .unwrap();
+        }
+    }
+    claimed_ids.sort();
+    let mut expected = events.clone();
+    expected.sort();
+    assert_eq!(
+        claimed_ids, expected,
+        "each delivery claimed by one replica"
+    );
+    assert_eq!(second.pending_deliveries().await.unwrap(), pending_before);
+    assert_eq!(
+        first
+            .delivery_attempts(&shared, events.len() + 1)
+            .await
+            .unwrap()
+            .len(),
+        events.len(),
+        "both replicas' attempts in one log"
+    );
+
+    // A replica claims and dies: the other takes the delivery over once the lease passes.
+    let lost = format!("evt_{run}-lost");
+    first
+        .enqueue_event(&event(&lost), &[Arc::clone(&shared)])
+        .await
+        .unwrap();
+    let lease = Duration::from_millis(500);
+    let held = claim_ours(&*second, &ids(&[&lost]), lease).await;
+    assert_eq!(held.len(), 1);
+    drop(second);
+    assert!(
+        claim_ours(&*first, &ids(&[&lost]), LEASE).await.is_empty(),
+        "not while the dead replica's lease holds"
+    );
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let resumed = claim_ours(&*first, &ids(&[&lost]), LEASE).await;
+    assert_eq!(resumed.len(), 1, "claimed again once the lease passed");
+    assert_eq!(resumed[0].event, event(&lost));
+    assert_eq!(resumed[0].attempts, 0, "the dead replica made no attempt");
+    assert_ne!(resumed[0].claim, held[0].claim);
+    first
+        .finish_attempt(
+            &resumed[0],
+            &attempt(&lost, Some(200), None),
+            AfterAttempt::Delivered,
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.pending_deliveries().await.unwrap(), pending_before);
+    assert!(!first.delete_subscription(&shared).await.unwrap());
+}
+
+/// The schema of the PostgreSQL replica run.
+const POSTGRES_REPLICAS_SCHEMA: &str = "carmy_outbox_replicas";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_replicas_share_the_outbox() {
+    let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {POSTGRES_REPLICAS_SCHEMA}"
+        ))
+        .await
+        .unwrap();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let scoped = format!("{url}{separator}options=-csearch_path%3D{POSTGRES_REPLICAS_SCHEMA}");
+    let first = carmy::idempotency::connect(&scoped).await.unwrap();
+    let second = carmy::idempotency::connect(&scoped).await.unwrap();
+    replicas_share_the_outbox(first, second, "postgres").await;
+}
+
+/// The database of the Redis replica run.
+const REDIS_REPLICAS_DATABASE: u32 = 8;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_replicas_share_the_outbox() {
+    let Some(url) = server_url("CARMY_TEST_REDIS_URL") else {
+        return;
+    };
+    let base = url.trim_end_matches('/');
+    let base = base
+        .rsplit_once('/')
+        .filter(|(_, db)| db.parse::<u32>().is_ok())
+        .map_or(base, |(base, _)| base);
+    let scoped = format!("{base}/{REDIS_REPLICAS_DATABASE}");
+    let first = carmy::idempotency::connect(&scoped).await.unwrap();
+    let second = carmy::idempotency::connect(&scoped).await.unwrap();
+    replicas_share_the_outbox(first, second, "redis").await;
+}
