@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod config;
 mod context;
 mod error;
+pub mod events;
 mod executions;
 pub mod health;
 mod http;

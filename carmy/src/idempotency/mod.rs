@@ -23,8 +23,8 @@ mod postgres;
 pub(crate) mod record;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
-#[cfg(any(feature = "postgres", feature = "redis"))]
-mod tls;
+#[cfg(any(feature = "postgres", feature = "redis", feature = "events"))]
+pub(crate) mod tls;
 
 use std::fmt;
 use std::sync::Arc;

@@ -1,8 +1,10 @@
-//! TLS to the shared stores: rustls with its ring provider, trusting the platform's root
-//! certificates or those of [`StoreOptions`](super::StoreOptions).
+//! TLS to the shared stores and to webhook receivers: rustls with its ring provider, trusting
+//! the platform's root certificates or (stores) those of [`StoreOptions`](super::StoreOptions).
 
 use std::sync::Arc;
 
+#[cfg(any(feature = "postgres", feature = "events"))]
+use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
 #[cfg(feature = "postgres")]
 pub(crate) use verify::{encrypted_only, verified};
@@ -20,6 +22,29 @@ pub(crate) fn provider() -> Arc<CryptoProvider> {
         .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
 }
 
+/// The platform's root certificates; finding none is an error, as nothing could be verified.
+#[cfg(any(feature = "postgres", feature = "events"))]
+pub(crate) fn native_roots() -> Result<RootCertStore, NoNativeRoots> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    roots.add_parsable_certificates(found.certs);
+    if roots.is_empty() {
+        return Err(NoNativeRoots {
+            errors: found.errors.len(),
+        });
+    }
+    Ok(roots)
+}
+
+/// No usable root certificate on this system.
+#[cfg(any(feature = "postgres", feature = "events"))]
+#[derive(Debug, thiserror::Error)]
+#[error("no root certificates found on this system ({errors} errors)")]
+pub(crate) struct NoNativeRoots {
+    /// How many certificate sources failed to load.
+    errors: usize,
+}
+
 /// The client configurations of PostgreSQL's `sslmode`s (redis-rs builds its own).
 #[cfg(feature = "postgres")]
 mod verify {
@@ -31,7 +56,7 @@ mod verify {
     use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
     use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-    use super::provider;
+    use super::{native_roots, provider};
     use crate::idempotency::StoreError;
 
     fn failed(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
@@ -61,19 +86,12 @@ mod verify {
     }
 
     fn roots(pem: &[u8]) -> Result<RootCertStore, StoreError> {
-        let mut roots = RootCertStore::empty();
         if pem.is_empty() {
-            let found = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(found.certs);
-            if roots.is_empty() {
-                return Err(StoreError::message(format!(
-                    "no root certificates found on this system ({} errors); give them with \
-                 `sslrootcert=PATH`",
-                    found.errors.len()
-                )));
-            }
-            return Ok(roots);
+            return native_roots().map_err(|none| {
+                StoreError::message(format!("{none}; give them with `sslrootcert=PATH`"))
+            });
         }
+        let mut roots = RootCertStore::empty();
         for certificate in CertificateDer::pem_slice_iter(pem) {
             roots.add(certificate.map_err(failed)?).map_err(failed)?;
         }
