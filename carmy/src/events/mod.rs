@@ -8,12 +8,24 @@
 #[cfg(feature = "events")]
 mod deliver;
 pub mod secret;
+#[cfg(feature = "events")]
+mod service;
+#[cfg(feature = "events")]
+mod settings;
 pub mod signature;
 #[cfg(feature = "events")]
 pub mod ssrf;
+#[cfg(feature = "events")]
+mod worker;
 
 #[cfg(feature = "events")]
 pub use deliver::{Attempt, AttemptOutcome, Deliverer, DelivererError, DeliveryPolicy};
 pub use secret::{SecretError, SigningSecret};
 #[cfg(feature = "events")]
+pub(crate) use service::{Events, NewSubscription, SubscriptionChange};
+#[cfg(feature = "events")]
+pub(crate) use settings::{EventSettings, EventType};
+#[cfg(feature = "events")]
 pub use ssrf::{AllowedNetworks, Refusal};
+#[cfg(feature = "events")]
+pub(crate) use worker::{forward_changes, run as deliver_outbox};

@@ -68,7 +68,7 @@ struct CreateBody {
 
 async fn create(State(events): State<Arc<Events>>, request: Request) -> Response {
     answer(
-        async {
+        async move {
             let settings = allowed(&events, &request)?;
             let (parts, body) = request.into_parts();
             require_json(&parts.headers)?;
@@ -99,7 +99,7 @@ async fn create(State(events): State<Arc<Events>>, request: Request) -> Response
 
 async fn list(State(events): State<Arc<Events>>, request: Request) -> Response {
     answer(
-        async {
+        async move {
             let settings = allowed(&events, &request)?;
             let listed: Vec<Value> = events
                 .list(&settings)
@@ -122,7 +122,7 @@ async fn read(
     request: Request,
 ) -> Response {
     answer(
-        async {
+        async move {
             let settings = allowed(&events, &request)?;
             let view = events.get(&settings, &id).await?;
             Ok(json_response(StatusCode::OK, &view.to_json()))
@@ -137,7 +137,7 @@ async fn delete(
     request: Request,
 ) -> Response {
     answer(
-        async {
+        async move {
             let settings = allowed(&events, &request)?;
             events.delete(&settings, &id).await?;
             Ok(StatusCode::NO_CONTENT.into_response())
@@ -171,7 +171,7 @@ async fn update(
     request: Request,
 ) -> Response {
     answer(
-        async {
+        async move {
             let settings = allowed(&events, &request)?;
             let (parts, body) = request.into_parts();
             require_json(&parts.headers)?;
@@ -194,7 +194,7 @@ async fn rotate_secret(
     request: Request,
 ) -> Response {
     answer(
-        async {
+        async move {
             let settings = allowed(&events, &request)?;
             super::empty_body(request.into_body(), "the rotation").await?;
             let (view, secret) = events.rotate_secret(&settings, &id).await?;
@@ -212,7 +212,7 @@ async fn deliveries(
     request: Request,
 ) -> Response {
     answer(
-        async {
+        async move {
             let settings = allowed(&events, &request)?;
             let attempts: Vec<Value> = events
                 .deliveries(&settings, &id)
@@ -236,4 +236,3 @@ async fn deliveries(
         .await,
     )
 }
-

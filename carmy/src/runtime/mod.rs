@@ -301,8 +301,9 @@ impl Runtime {
         self.shutdown.cancel();
     }
 
-    /// Fires with [`Runtime::cancel_all`]: transports end their long-lived streams then.
-    #[cfg(feature = "mcp")]
+    /// Fires with [`Runtime::cancel_all`]: transports end their long-lived streams then, and
+    /// the event worker stops.
+    #[cfg(any(feature = "mcp", feature = "events"))]
     pub(crate) fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.child_token()
     }
