@@ -1324,3 +1324,48 @@ async fn a_slow_receiver_delays_neither_answers_nor_other_subscribers() {
         began.elapsed()
     );
 }
+
+/// A method the routes do not take is the unknown route too, unless the caller may manage
+/// subscriptions: a `405` would tell anyone the routes exist (and that events are on).
+#[tokio::test]
+async fn a_wrong_method_reveals_the_routes_only_to_managers() {
+    let Some(store) = store("methods").await else {
+        return;
+    };
+    let on = app(&store, &events_table(SHORT, "")).router().unwrap();
+    let off = app(&store, "").router().unwrap();
+    let unknown = call(&on, "GET", "/agent/nothing-here", None, None).await;
+    let wrong = [
+        ("PUT", SUBSCRIPTIONS.to_owned()),
+        ("DELETE", SUBSCRIPTIONS.to_owned()),
+        ("POST", format!("{SUBSCRIPTIONS}/sub_0123")),
+        ("GET", format!("{SUBSCRIPTIONS}/sub_0123/rotate-secret")),
+        ("DELETE", format!("{SUBSCRIPTIONS}/sub_0123/deliveries")),
+    ];
+    for (method, path) in &wrong {
+        for (router, token) in [
+            (&on, None),
+            (&on, Some(PLAIN)),
+            (&off, None),
+            (&off, Some(ROOT)),
+            (&off, Some(MANAGER)),
+        ] {
+            let hidden = call(router, method, path, token, None).await;
+            assert_eq!(
+                hidden.status,
+                StatusCode::NOT_FOUND,
+                "{token:?} {method} {path}"
+            );
+            assert_eq!(hidden.body, unknown.body, "{token:?} {method} {path}");
+        }
+        for token in [ROOT, MANAGER] {
+            let refused = call(&on, method, path, Some(token), None).await;
+            assert_eq!(
+                refused.status,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {path}"
+            );
+            assert_eq!(refused.json()["error"]["code"], "METHOD_NOT_ALLOWED");
+        }
+    }
+}

@@ -24,11 +24,36 @@ const MANAGE_EVENTS: &str = "manage:events";
 pub(crate) fn router(events: Arc<Events>) -> Router {
     let one = format!("{}/{{id}}", paths::SUBSCRIPTIONS);
     Router::new()
-        .route(paths::SUBSCRIPTIONS, get(list).post(create))
-        .route(&one, get(read).delete(delete).patch(update))
-        .route(&format!("{one}/rotate-secret"), post(rotate_secret))
-        .route(&format!("{one}/deliveries"), get(deliveries))
+        .route(
+            paths::SUBSCRIPTIONS,
+            get(list).post(create).fallback(wrong_method),
+        )
+        .route(
+            &one,
+            get(read)
+                .delete(delete)
+                .patch(update)
+                .fallback(wrong_method),
+        )
+        .route(
+            &format!("{one}/rotate-secret"),
+            post(rotate_secret).fallback(wrong_method),
+        )
+        .route(
+            &format!("{one}/deliveries"),
+            get(deliveries).fallback(wrong_method),
+        )
         .with_state(events)
+}
+
+/// A method these routes do not take: `405` to a caller who may manage subscriptions, the
+/// unknown route's `404` to anyone else (and while events are off), so that no method reveals
+/// the routes.
+async fn wrong_method(State(events): State<Arc<Events>>, request: Request) -> Response {
+    match allowed(&events, &request) {
+        Ok(_) => super::method_not_allowed().await.into_response(),
+        Err(hidden) => hidden.into_response(),
+    }
 }
 
 /// The `[events]` settings when the caller may manage subscriptions; the unknown route's 404
