@@ -1369,3 +1369,52 @@ async fn a_wrong_method_reveals_the_routes_only_to_managers() {
         }
     }
 }
+
+/// The worker records a failed attempt on the subscription (since when it fails); what the API
+/// changed while the attempt was in flight must survive that.
+#[tokio::test]
+async fn a_rotation_during_a_failing_attempt_is_kept() {
+    let Some(store) = store("rotate_in_flight").await else {
+        return;
+    };
+    let router = app(&store, &events_table(SHORT, "attempt_timeout = \"1s\"\n"))
+        .router()
+        .unwrap();
+    let mut receiver = Receiver::start(Reply::status(204), vec![Reply::Hang]).await;
+    let subscription = subscribe(&router, &receiver.url, &["execution.finished"]).await;
+    echo(&router, Some(PLAIN), Some("req-in-flight")).await;
+    receiver.next().await;
+    let path = format!("{SUBSCRIPTIONS}/{}/rotate-secret", id(&subscription));
+    let rotated = call(&router, "POST", &path, Some(ROOT), None).await;
+    assert_eq!(rotated.status, StatusCode::OK);
+    let new = secret(&rotated.json());
+
+    // The attempt times out, and the retry is signed with both secrets.
+    let retry = receiver.next().await;
+    assert!(retry.signed_by(&new), "{retry:?}");
+    assert!(retry.signed_by(&secret(&subscription)), "{retry:?}");
+}
+
+#[tokio::test]
+async fn a_subscription_deleted_during_a_failing_attempt_stays_deleted() {
+    let Some(store) = store("delete_in_flight").await else {
+        return;
+    };
+    let router = app(&store, &events_table(SHORT, "attempt_timeout = \"1s\"\n"))
+        .router()
+        .unwrap();
+    let mut receiver = Receiver::start(Reply::Hang, Vec::new()).await;
+    let subscription = subscribe(&router, &receiver.url, &["execution.finished"]).await;
+    echo(&router, Some(PLAIN), Some("req-deleted")).await;
+    receiver.next().await;
+    let path = format!("{SUBSCRIPTIONS}/{}", id(&subscription));
+    let deleted = call(&router, "DELETE", &path, Some(ROOT), None).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+
+    // Past the attempt's timeout: nothing brought it back, nothing retried.
+    receiver.nothing_for(Duration::from_secs(3)).await;
+    let read = call(&router, "GET", &path, Some(ROOT), None).await;
+    assert_eq!(read.status, StatusCode::NOT_FOUND, "{}", read.json());
+    let listed = call(&router, "GET", SUBSCRIPTIONS, Some(ROOT), None).await;
+    assert_eq!(listed.json()["subscriptions"], json!([]));
+}

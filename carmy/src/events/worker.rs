@@ -120,39 +120,52 @@ async fn deliver(events: &Events, settings: &EventSettings, delivery: ClaimedDel
     };
     let after = match made.outcome {
         AttemptOutcome::Delivered => {
-            if let Some(mut stored) = target.stored
-                && stored.failing_since.is_some()
+            if target
+                .stored
+                .is_some_and(|stored| stored.failing_since.is_some())
             {
-                stored.failing_since = None;
-                save(events, &stored).await;
+                update(events, &delivery.subscription_id, |fresh| {
+                    fresh.failing_since.take().is_some()
+                })
+                .await;
             }
             AfterAttempt::Delivered
         }
         AttemptOutcome::Gone => {
-            match target.stored {
-                Some(stored) => {
-                    disable(events, stored, "the receiver answered 410 Gone").await;
-                }
-                None => tracing::warn!(
+            if target.stored.is_some() {
+                disable(
+                    events,
+                    &delivery.subscription_id,
+                    "the receiver answered 410 Gone",
+                )
+                .await;
+            } else {
+                tracing::warn!(
                     subscription = &*delivery.subscription_id,
                     "a subscription declared in carmy.toml answered 410 Gone; remove it there"
-                ),
+                );
             }
             AfterAttempt::Failed
         }
         AttemptOutcome::Failed { retry_after } => {
             let after = next_attempt(&settings.retry_schedule, delivery.attempts, retry_after);
-            if let Some(mut stored) = target.stored {
-                let since = *stored.failing_since.get_or_insert(made.at);
-                let failing_for = SystemTime::now().duration_since(since).unwrap_or_default();
-                if failing_for >= settings.disable_after {
+            if target.stored.is_some() {
+                let mut failing_since = None;
+                update(events, &delivery.subscription_id, |fresh| {
+                    let first = fresh.failing_since.is_none();
+                    failing_since = Some(*fresh.failing_since.get_or_insert(made.at));
+                    first
+                })
+                .await;
+                let failing_for = failing_since
+                    .and_then(|since| SystemTime::now().duration_since(since).ok())
+                    .unwrap_or_default();
+                if failing_since.is_some() && failing_for >= settings.disable_after {
                     let reason = format!(
                         "its deliveries failed for {} without a success",
                         humantime::format_duration(settings.disable_after)
                     );
-                    disable(events, stored, &reason).await;
-                } else {
-                    save(events, &stored).await;
+                    disable(events, &delivery.subscription_id, &reason).await;
                 }
             }
             after
@@ -215,28 +228,58 @@ fn random_unit() -> f64 {
     f64::from(u32::from_le_bytes(bytes)) / (f64::from(u32::MAX) + 1.0)
 }
 
-/// Disables a subscription and tells the subscribers of `subscription.disabled`.
-async fn disable(events: &Events, mut stored: StoredSubscription, reason: &str) {
-    stored.disabled_reason = Some(reason.to_owned());
+/// Changes what the worker keeps on a subscription (since when it fails, why it is disabled)
+/// on a fresh read, saved when `change` says it changed something: what the API changed while
+/// the attempt was in flight (a rotation, a `PATCH`) is kept, and a subscription deleted
+/// meanwhile stays deleted. The saved subscription, if any.
+async fn update(
+    events: &Events,
+    id: &str,
+    change: impl FnOnce(&mut StoredSubscription) -> bool,
+) -> Option<StoredSubscription> {
+    let mut fresh = match events.store.subscription(id).await {
+        Ok(fresh) => fresh?,
+        Err(error) => {
+            tracing::warn!(%error, "could not read a subscription to update");
+            return None;
+        }
+    };
+    if !change(&mut fresh) {
+        return None;
+    }
+    if let Err(error) = events.save(&fresh).await {
+        tracing::warn!(error = error.message(), "could not update a subscription");
+        return None;
+    }
+    Some(fresh)
+}
+
+/// Disables a subscription (unless it is gone or disabled already) and tells the subscribers
+/// of `subscription.disabled`.
+async fn disable(events: &Events, id: &str, reason: &str) {
+    let Some(stored) = update(events, id, |fresh| {
+        if fresh.disabled_reason.is_some() {
+            return false;
+        }
+        fresh.disabled_reason = Some(reason.to_owned());
+        true
+    })
+    .await
+    else {
+        return;
+    };
     tracing::warn!(
         subscription = &*stored.id,
         url = stored.url,
         reason,
         "event subscription disabled"
     );
-    save(events, &stored).await;
     events
         .publish(
             EventType::SubscriptionDisabled,
             json!({ "id": &*stored.id, "url": stored.url, "reason": reason }),
         )
         .await;
-}
-
-async fn save(events: &Events, stored: &StoredSubscription) {
-    if let Err(error) = events.save(stored).await {
-        tracing::warn!(error = error.message(), "could not update a subscription");
-    }
 }
 
 fn skipped(delivery: &ClaimedDelivery, why: &str) -> DeliveryAttempt {
