@@ -311,37 +311,6 @@ async fn finish(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retries_follow_the_schedule_with_jitter_then_fail() {
-        let schedule = [Duration::from_secs(5), Duration::from_secs(300)];
-        for _ in 0..100 {
-            let AfterAttempt::RetryIn(first) = next_attempt(&schedule, 0, None) else {
-                panic!("a first retry");
-            };
-            assert!((4_500..=5_500).contains(&first.as_millis()), "{first:?}");
-        }
-        let AfterAttempt::RetryIn(second) = next_attempt(&schedule, 1, None) else {
-            panic!("a second retry");
-        };
-        assert!(second >= Duration::from_secs(270), "{second:?}");
-        assert_eq!(next_attempt(&schedule, 2, None), AfterAttempt::Failed);
-    }
-
-    #[test]
-    fn a_longer_retry_after_is_honoured() {
-        let schedule = [Duration::from_secs(1)];
-        let asked = Duration::from_secs(120);
-        assert_eq!(
-            next_attempt(&schedule, 0, Some(asked)),
-            AfterAttempt::RetryIn(asked)
-        );
-    }
-}
-
 /// Turns the app's health transitions and catalog changes into `health.changed` and
 /// `tools.changed`, until the app is gone.
 pub(crate) async fn forward_changes(
@@ -385,5 +354,36 @@ pub(crate) async fn forward_changes(
             return;
         };
         events.publish(kind, data).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_follow_the_schedule_with_jitter_then_fail() {
+        let schedule = [Duration::from_secs(5), Duration::from_secs(300)];
+        for _ in 0..100 {
+            let AfterAttempt::RetryIn(first) = next_attempt(&schedule, 0, None) else {
+                panic!("a first retry");
+            };
+            assert!((4_500..=5_500).contains(&first.as_millis()), "{first:?}");
+        }
+        let AfterAttempt::RetryIn(second) = next_attempt(&schedule, 1, None) else {
+            panic!("a second retry");
+        };
+        assert!(second >= Duration::from_secs(270), "{second:?}");
+        assert_eq!(next_attempt(&schedule, 2, None), AfterAttempt::Failed);
+    }
+
+    #[test]
+    fn a_longer_retry_after_is_honoured() {
+        let schedule = [Duration::from_secs(1)];
+        let asked = Duration::from_secs(120);
+        assert_eq!(
+            next_attempt(&schedule, 0, Some(asked)),
+            AfterAttempt::RetryIn(asked)
+        );
     }
 }
