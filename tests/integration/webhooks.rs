@@ -1418,3 +1418,34 @@ async fn a_subscription_deleted_during_a_failing_attempt_stays_deleted() {
     let listed = call(&router, "GET", SUBSCRIPTIONS, Some(ROOT), None).await;
     assert_eq!(listed.json()["subscriptions"], json!([]));
 }
+
+/// Many deliveries hanging on one receiver (more than the worker makes at once) must not take
+/// every attempt slot from the others.
+#[tokio::test]
+async fn many_deliveries_hanging_on_a_slow_receiver_do_not_starve_another() {
+    let Some(store) = store("starved").await else {
+        return;
+    };
+    let router = app(&store, &events_table(SHORT, "attempt_timeout = \"60s\"\n"))
+        .router()
+        .unwrap();
+    let mut slow = Receiver::start(Reply::Hang, Vec::new()).await;
+    let mut fast = Receiver::ok().await;
+    subscribe(&router, &slow.url, &["execution.finished"]).await;
+    subscribe(&router, &fast.url, &["execution.finished"]).await;
+    let calls = 80;
+    for n in 0..calls {
+        let answer = echo(&router, Some(PLAIN), Some(&format!("req-many-{n}"))).await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+    let began = Instant::now();
+    for _ in 0..calls {
+        fast.next().await;
+    }
+    assert!(
+        began.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        began.elapsed()
+    );
+    slow.next().await;
+}

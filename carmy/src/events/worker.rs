@@ -3,6 +3,7 @@
 //! schedule (with jitter, or after the receiver's `Retry-After`), failed for good, or the
 //! subscription disabled (`410 Gone`, or failing for `disable_after`).
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
@@ -17,14 +18,24 @@ use super::service::{Events, now_millis};
 use super::settings::{EventSettings, EventType};
 use crate::idempotency::{AfterAttempt, ClaimedDelivery, DeliveryAttempt, StoredSubscription};
 
-/// Attempts in flight at once, across all subscriptions: a slow receiver holds one slot, never
-/// the others' deliveries nor any execute answer.
+/// Attempts in flight at once, across all subscriptions.
 const CONCURRENT_ATTEMPTS: usize = 32;
+/// Attempts in flight at once to one subscription: a slow receiver holds at most these slots,
+/// never all of them, so the others' deliveries go on.
+const PER_SUBSCRIPTION: usize = 8;
+/// Claimed deliveries waiting for their subscription's turn, across all subscriptions.
+const MAX_WAITING: usize = 1024;
+/// Claims per wake-up at most: the worker never spins through a large outbox at once.
+const MAX_CLAIM_ROUNDS: usize = 16;
 /// How often the outbox is looked at when nothing was written here (a retry coming due, an
 /// event written by another replica, a claim whose replica died).
 const POLL: Duration = Duration::from_millis(500);
 /// A claim outlives its attempt by this much before another replica may take it over.
 const LEASE_MARGIN: Duration = Duration::from_secs(10);
+/// A delivery waiting for its subscription's turn starts within this of its claim, or not at
+/// all (its claim lapses, and it is claimed again once the lease has passed): an attempt
+/// never outlives its claim.
+const START_WITHIN: Duration = Duration::from_secs(5);
 
 /// Delivers until `stop` fires or the app is gone (its last handle on `events` dropped).
 pub(crate) async fn run(events: Weak<Events>, stop: CancellationToken) {
@@ -32,6 +43,7 @@ pub(crate) async fn run(events: Weak<Events>, stop: CancellationToken) {
         return;
     };
     let slots = Arc::new(Semaphore::new(CONCURRENT_ATTEMPTS));
+    let turns = Arc::new(Turns::default());
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -47,8 +59,9 @@ pub(crate) async fn run(events: Weak<Events>, stop: CancellationToken) {
         if let Ok(pending) = events.store.pending_deliveries().await {
             events.pending.store(pending, Ordering::Relaxed);
         }
-        // Claim as many as there are free slots, again while every slot gets one.
-        loop {
+        // Claim as many as there are free slots, again while every slot gets one (those that
+        // wait for their subscription's turn hold none).
+        for _ in 0..MAX_CLAIM_ROUNDS {
             let free = slots.available_permits();
             if free == 0 {
                 break;
@@ -62,13 +75,24 @@ pub(crate) async fn run(events: Weak<Events>, stop: CancellationToken) {
                 }
             };
             let full = claimed.len() == free;
+            let start_by = tokio::time::Instant::now() + START_WITHIN;
             for delivery in claimed {
+                if !turns.take(&delivery, start_by) {
+                    continue;
+                }
                 let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
                     return;
                 };
                 let (events, settings) = (Arc::clone(&events), Arc::clone(&settings));
+                let turns = Arc::clone(&turns);
                 tokio::spawn(async move {
-                    deliver(&events, &settings, delivery).await;
+                    // The turn passes to the subscription's next waiting delivery, if any.
+                    let subscription = Arc::clone(&delivery.subscription_id);
+                    let mut next = Some(delivery);
+                    while let Some(delivery) = next {
+                        deliver(&events, &settings, delivery).await;
+                        next = turns.next(&subscription);
+                    }
                     drop(slot);
                 });
             }
@@ -76,6 +100,97 @@ pub(crate) async fn run(events: Weak<Events>, stop: CancellationToken) {
                 break;
             }
         }
+    }
+}
+
+/// The attempts in flight per subscription, and the claimed deliveries waiting for a turn.
+#[derive(Default)]
+struct Turns(std::sync::Mutex<TurnsInner>);
+
+#[derive(Default)]
+struct TurnsInner {
+    in_flight: HashMap<Arc<str>, usize>,
+    waiting: HashMap<Arc<str>, VecDeque<(ClaimedDelivery, tokio::time::Instant)>>,
+    waiting_count: usize,
+}
+
+impl Turns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TurnsInner> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether `delivery` may be attempted now. If not, it waits for its subscription's turn
+    /// (to start by `start_by`), or, with too many waiting, its claim lapses.
+    fn take(&self, delivery: &ClaimedDelivery, start_by: tokio::time::Instant) -> bool {
+        let mut inner = self.lock();
+        let in_flight = inner
+            .in_flight
+            .entry(Arc::clone(&delivery.subscription_id))
+            .or_default();
+        if *in_flight < PER_SUBSCRIPTION {
+            *in_flight += 1;
+            return true;
+        }
+        if inner.waiting_count >= MAX_WAITING {
+            inner.forget_late();
+        }
+        if inner.waiting_count < MAX_WAITING {
+            inner
+                .waiting
+                .entry(Arc::clone(&delivery.subscription_id))
+                .or_default()
+                .push_back((delivery.clone(), start_by));
+            inner.waiting_count += 1;
+        }
+        false
+    }
+
+    /// The subscription's next waiting delivery that may still start, its turn passed on;
+    /// `None` (the turn given back) when there is none.
+    fn next(&self, subscription: &Arc<str>) -> Option<ClaimedDelivery> {
+        let mut inner = self.lock();
+        let now = tokio::time::Instant::now();
+        let mut found = None;
+        if let Some(queue) = inner.waiting.get_mut(subscription) {
+            let mut taken = 0;
+            while let Some((delivery, start_by)) = queue.pop_front() {
+                taken += 1;
+                if start_by > now {
+                    found = Some(delivery);
+                    break;
+                }
+            }
+            if queue.is_empty() {
+                inner.waiting.remove(subscription);
+            }
+            inner.waiting_count -= taken;
+        }
+        if found.is_none()
+            && let Some(in_flight) = inner.in_flight.get_mut(subscription)
+        {
+            *in_flight -= 1;
+            if *in_flight == 0 {
+                inner.in_flight.remove(subscription);
+            }
+        }
+        found
+    }
+}
+
+impl TurnsInner {
+    /// Lets the claims of the waiting deliveries too late to start lapse.
+    fn forget_late(&mut self) {
+        let now = tokio::time::Instant::now();
+        let mut forgotten = 0;
+        self.waiting.retain(|_, queue| {
+            let before = queue.len();
+            queue.retain(|(_, start_by)| *start_by > now);
+            forgotten += before - queue.len();
+            !queue.is_empty()
+        });
+        self.waiting_count -= forgotten;
     }
 }
 
