@@ -1449,3 +1449,70 @@ async fn many_deliveries_hanging_on_a_slow_receiver_do_not_starve_another() {
     );
     slow.next().await;
 }
+
+/// A replayed request is the same execution: it finished once, and is announced once.
+#[tokio::test]
+async fn a_replayed_request_is_announced_once() {
+    let Some(store) = store("replayed").await else {
+        return;
+    };
+    let router = app(&store, &events_table(SHORT, "")).router().unwrap();
+    let mut receiver = Receiver::ok().await;
+    subscribe(&router, &receiver.url, &["execution.finished"]).await;
+    let first = echo(&router, Some(PLAIN), Some("req-twice")).await;
+    let again = echo(&router, Some(PLAIN), Some("req-twice")).await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.json()["execution_id"], first.json()["execution_id"]);
+    let delivery = receiver.next().await;
+    assert_eq!(
+        delivery.json()["data"]["execution_id"],
+        first.json()["execution_id"]
+    );
+    receiver.nothing_for(Duration::from_secs(2)).await;
+}
+
+/// The guard runs again at every attempt: a subscription made while loopback was allowed gets
+/// nothing once a reload stops allowing it, and its log says why.
+#[tokio::test]
+async fn every_attempt_is_checked_against_the_networks_in_force() {
+    let Some(store) = store("recheck").await else {
+        return;
+    };
+    let dir = TempDir::new("webhooks-recheck");
+    let path = dir.0.join("carmy.toml");
+    std::fs::write(
+        &path,
+        format!("{}\n{}", tokens(), events_table(&["1h"], "")),
+    )
+    .unwrap();
+    let router = tools::app(&Probe::default())
+        .idempotency_store(Arc::clone(&store))
+        .config_file(&path)
+        .unwrap()
+        .router()
+        .unwrap();
+    let mut receiver = Receiver::ok().await;
+    let subscription = subscribe(&router, &receiver.url, &["execution.finished"]).await;
+
+    let staged = dir.0.join(".carmy.toml.swp");
+    let closed = "[events]\nallow_http = true\nretry_schedule = [\"1h\"]\n";
+    std::fs::write(&staged, format!("{}\n{closed}", tokens())).unwrap();
+    std::fs::rename(&staged, &path).unwrap();
+    let reloaded = call(&router, "POST", "/agent/admin/reload", Some(ROOT), None).await;
+    assert_eq!(reloaded.status, StatusCode::OK, "{}", reloaded.json());
+
+    echo(&router, Some(PLAIN), Some("req-refused")).await;
+    eventually("the refused attempt logged", async || {
+        !attempts(&router, id(&subscription)).await.is_empty()
+    })
+    .await;
+    let logged = attempts(&router, id(&subscription)).await;
+    assert!(logged[0]["status_code"].is_null(), "{logged:?}");
+    assert!(
+        logged[0]["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("127.0.0.1")),
+        "{logged:?}"
+    );
+    receiver.nothing_for(Duration::from_secs(1)).await;
+}
