@@ -83,7 +83,8 @@ async fn postgres(test: &str) -> Option<Arc<dyn IdempotencyStore>> {
     Some(carmy::idempotency::connect(&scoped).await.unwrap())
 }
 
-/// The store of the tests that do not name one.
+/// The store of the tests that do not name one: PostgreSQL while the memory store keeps no
+/// outbox (an `[events]` table needs a store that does).
 async fn store(test: &str) -> Option<Arc<dyn IdempotencyStore>> {
     postgres(test).await
 }
