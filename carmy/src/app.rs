@@ -501,15 +501,30 @@ impl App {
         };
         #[cfg(feature = "events")]
         let events = {
+            if current.load().events.is_some() && !store.keeps_events() {
+                return Err(Error::Config(
+                    "[events] needs an idempotency store that keeps an event outbox; this one \
+                     does not"
+                        .to_owned(),
+                ));
+            }
             let events = crate::events::Events::new(Arc::clone(&store), Arc::clone(&current));
             runtime.publish_to(Arc::clone(&events));
-            let stop = runtime.shutdown_token();
-            tokio::spawn(crate::events::deliver_outbox(Arc::downgrade(&events), stop));
-            tokio::spawn(crate::events::forward_changes(
-                Arc::downgrade(&events),
-                self.health.subscribe(),
-                self.reloads.subscribe(),
-            ));
+            // A router built outside a runtime (a test, a CLI) publishes nothing in the
+            // background; the app serves inside one.
+            if let Ok(background) = tokio::runtime::Handle::try_current() {
+                let stop = runtime.shutdown_token();
+                background.spawn(crate::events::deliver_outbox(Arc::downgrade(&events), stop));
+                background.spawn(crate::events::forward_changes(
+                    Arc::downgrade(&events),
+                    self.health.subscribe(),
+                    self.reloads.subscribe(),
+                ));
+            } else if current.load().events.is_some() {
+                tracing::warn!(
+                    "events not delivered: the router was built outside a Tokio runtime"
+                );
+            }
             events
         };
         self.health.watch(
