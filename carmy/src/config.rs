@@ -479,9 +479,11 @@ const OVERRIDES: &[(&str, Override)] = &[
         Some(events) => set(&mut events.allow_http, value),
         None => Err(NO_EVENTS_TABLE),
     }),
-    ("events.allow_networks", |file, value| match &mut file.events {
-        Some(events) => set(&mut events.allow_networks, value),
-        None => Err(NO_EVENTS_TABLE),
+    ("events.allow_networks", |file, value| {
+        match &mut file.events {
+            Some(events) => set(&mut events.allow_networks, value),
+            None => Err(NO_EVENTS_TABLE),
+        }
     }),
 ];
 
@@ -650,8 +652,8 @@ impl Events {
                         "the secret of {url}: the variable `{secret_env}` is not set"
                     ))
                 })?;
-                let secret = crate::events::secret::SigningSecret::parse(text.trim())
-                    .map_err(|error| {
+                let secret =
+                    crate::events::secret::SigningSecret::parse(text.trim()).map_err(|error| {
                         refused(format!("the secret of {url} in `{secret_env}`: {error}"))
                     })?;
                 Ok(DeclaredSubscriptionConfig {

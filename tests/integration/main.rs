@@ -44,3 +44,4 @@ mod testing_client;
 mod tool_errors;
 mod tools;
 mod tracing_span;
+mod webhook_durability;

@@ -388,8 +388,9 @@ fn checked_event_types(event_types: Vec<String>) -> Result<Vec<String>, ToolErro
     for name in event_types {
         if EventType::from_wire(&name).is_none() {
             let known: Vec<&str> = EventType::ALL.iter().map(|kind| kind.as_str()).collect();
-            return Err(invalid(&format!("unknown event type `{name}`"))
-                .details(json!({ "reason": format!("unknown event type `{name}`"), "known": known })));
+            return Err(invalid(&format!("unknown event type `{name}`")).details(
+                json!({ "reason": format!("unknown event type `{name}`"), "known": known }),
+            ));
         }
         if !checked.contains(&name) {
             checked.push(name);

@@ -69,9 +69,8 @@ pub(crate) struct EventSettings {
 
 impl EventSettings {
     pub(crate) fn build(config: &EventsConfig) -> Result<Self, Error> {
-        let allowed = AllowedNetworks::parse(&config.allow_networks).map_err(|reason| {
-            Error::Config(format!("[events] allow_networks: {reason}"))
-        })?;
+        let allowed = AllowedNetworks::parse(&config.allow_networks)
+            .map_err(|reason| Error::Config(format!("[events] allow_networks: {reason}")))?;
         let deliverer = Deliverer::new(DeliveryPolicy {
             allow_http: config.allow_http,
             allowed,

@@ -144,9 +144,7 @@ async fn deliver(events: &Events, settings: &EventSettings, delivery: ClaimedDel
             let after = next_attempt(&settings.retry_schedule, delivery.attempts, retry_after);
             if let Some(mut stored) = target.stored {
                 let since = *stored.failing_since.get_or_insert(made.at);
-                let failing_for = SystemTime::now()
-                    .duration_since(since)
-                    .unwrap_or_default();
+                let failing_for = SystemTime::now().duration_since(since).unwrap_or_default();
                 if failing_for >= settings.disable_after {
                     let reason = format!(
                         "its deliveries failed for {} without a success",
@@ -165,11 +163,7 @@ async fn deliver(events: &Events, settings: &EventSettings, delivery: ClaimedDel
 
 /// The subscription a delivery goes to: the file's, else the store's if it is enabled.
 /// `Ok(None)` when it is gone or disabled; `Err` when the store cannot say.
-async fn target(
-    events: &Events,
-    settings: &EventSettings,
-    id: &str,
-) -> Result<Option<Target>, ()> {
+async fn target(events: &Events, settings: &EventSettings, id: &str) -> Result<Option<Target>, ()> {
     if let Some(declared) = settings.declared(id) {
         return Ok(Some(Target {
             url: declared.url.clone(),
