@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ const INTERNAL_TOKEN: &str = "shop-internal-demo-token";
 const INTERNAL_TOKEN_HASH: &str =
     "sha256:5d17fbe884a2faee0db80941cbf6e1ba59f0b25a0a305e8284394e0d3046e437";
 
-/// Retries come quickly, and a claim held by a killed server lapses after 2 s + the worker's
+/// Retries come quickly, and a claim held by a killed server lapses after 5 s + the worker's
 /// 10 s margin: every wait below stays well under a minute.
 const CONFIG: &str = r#"
 [[tokens]]
@@ -37,10 +38,10 @@ hash = "HASH"
 
 [events]
 retry_schedule = ["500ms", "1s", "1s"]
-attempt_timeout = "2s"
+attempt_timeout = "5s"
 "#;
 
-/// Longer than a claim's lease (12 s) plus the retries, bounded.
+/// Longer than a claim's lease (15 s) plus the retries, bounded.
 const DELIVERED_WITHIN: Duration = Duration::from_secs(40);
 /// After the last expected delivery, how long a duplicate has to show up: the worker polls
 /// every 500 ms and the first retry comes after about 500 ms.
@@ -289,48 +290,98 @@ async fn orders(shop: &Shop, name: &str, count: usize) -> HashSet<String> {
     executions
 }
 
-/// Calls made while the receiver is down; each event is tried and fails; `kill -9`; the receiver
-/// comes up; the server restarts on the same store and delivers every event, exactly once.
-async fn events_survive_a_crash_while_the_receiver_is_down(store_url: &str, name: &str) {
+/// How the receiver is down while the server crashes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Down {
+    /// Nothing listens: every attempt fails at once, and the outbox holds the retries.
+    Refusing,
+    /// It accepts connections and never answers: every delivery is claimed, its attempt in
+    /// flight, when the server dies; only once the claim's lease passes may it be tried again.
+    Hanging,
+}
+
+/// Accepts connections on `addr` and holds them, never answering; counts them.
+async fn hang(addr: SocketAddr) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&accepted);
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    (task, accepted)
+}
+
+/// Calls made while the receiver is down; `kill -9` of the server; the receiver comes up; the
+/// server restarts on the same store and delivers every event, exactly once.
+async fn events_survive_a_crash(store_url: &str, name: &str, down: Down) {
     const CALLS: usize = 8;
     let Some(program) = server_url("CARMY_SHOP_BIN") else {
         return;
     };
     let config = TestConfig::new(name);
     let receiver_addr = free_port();
+    let hanging = match down {
+        Down::Refusing => None,
+        Down::Hanging => Some(hang(receiver_addr).await),
+    };
     let shop = Shop::start(&program, store_url, &config.path()).await;
     let (subscription, _secret) = shop
         .subscribe(&format!("http://{receiver_addr}/hook"))
         .await;
     let executions = orders(&shop, name, CALLS).await;
-    // Every event has been tried, and refused, before the crash: the outbox holds retries.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let attempts = shop.attempts(&subscription).await;
-        assert!(
-            attempts
-                .iter()
-                .all(|attempt| attempt["status_code"].is_null()),
-            "nothing can answer: {attempts:?}"
-        );
         let tried: HashSet<&str> = attempts
             .iter()
             .filter_map(|attempt| attempt["event_id"].as_str())
             .collect();
-        if tried.len() == CALLS {
+        let ready = match &hanging {
+            // Every event has been tried, and refused: the outbox holds retries.
+            None => {
+                assert!(
+                    attempts
+                        .iter()
+                        .all(|attempt| attempt["status_code"].is_null()),
+                    "nothing can answer: {attempts:?}"
+                );
+                tried.len() == CALLS
+            }
+            // Every event's first attempt is waiting for an answer.
+            Some((_, accepted)) => {
+                assert!(tried.is_empty(), "no attempt has ended: {attempts:?}");
+                accepted.load(Ordering::SeqCst) >= CALLS
+            }
+        };
+        if ready {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{} of {CALLS} events tried",
-            tried.len()
+            "not every event was tried within 10 s: {attempts:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     shop.kill().await;
+    if let Some((task, _)) = hanging {
+        task.abort();
+        let _ = task.await;
+    }
 
     let receiver = Receiver::start(receiver_addr, false).await;
     let shop = Shop::start(&program, store_url, &config.path()).await;
+    if down == Down::Hanging {
+        // The dead server's claims hold for 5 s + 10 s from its attempts: not retaken yet.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            receiver.state.received.lock().unwrap().attempts.is_empty(),
+            "a claim was taken over before its lease passed"
+        );
+    }
     receiver.until_announced(&executions).await;
     tokio::time::sleep(SETTLE).await;
     let attempts = receiver.announcements(&executions);
@@ -369,21 +420,17 @@ async fn drop_postgres_schema(url: &str, name: &str) {
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_written_before_a_crash_are_delivered_once_after_the_restart_with_postgres() {
+async fn with_postgres(name: &str, down: Down) {
     let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
         return;
     };
-    let scoped = postgres_schema(&url, "crash").await;
-    events_survive_a_crash_while_the_receiver_is_down(&scoped, "postgres").await;
-    drop_postgres_schema(&url, "crash").await;
+    let scoped = postgres_schema(&url, name).await;
+    events_survive_a_crash(&scoped, name, down).await;
+    drop_postgres_schema(&url, name).await;
 }
 
-/// The database of the Redis run.
-const REDIS_DATABASE: u32 = 11;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_written_before_a_crash_are_delivered_once_after_the_restart_with_redis() {
+/// A Redis database of its own for each run.
+async fn with_redis(database: u32, down: Down) {
     let Some(url) = server_url("CARMY_TEST_REDIS_URL") else {
         return;
     };
@@ -392,21 +439,50 @@ async fn events_written_before_a_crash_are_delivered_once_after_the_restart_with
         .rsplit_once('/')
         .filter(|(_, db)| db.parse::<u32>().is_ok())
         .map_or(base, |(base, _)| base);
-    let scoped = format!("{base}/{REDIS_DATABASE}");
+    let scoped = format!("{base}/{database}");
     // Subscriptions an interrupted earlier run left behind would be sent these events too.
     let store = carmy::idempotency::connect(&scoped).await.unwrap();
     for left in store.subscriptions().await.unwrap() {
         store.delete_subscription(&left.id).await.unwrap();
     }
     drop(store);
-    events_survive_a_crash_while_the_receiver_is_down(&scoped, "redis").await;
+    events_survive_a_crash(&scoped, &format!("redis{database}"), down).await;
+}
+
+async fn with_the_file_store(name: &str, down: Down) {
+    let dir = TempDir::new(&format!("webhooks-{name}-store"));
+    let store_url = format!("file:{}", dir.0.join("carmy.redb").display());
+    events_survive_a_crash(&store_url, name, down).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_written_before_a_crash_are_delivered_once_after_the_restart_with_the_file_store() {
-    let dir = TempDir::new("webhooks-file-store");
-    let store_url = format!("file:{}", dir.0.join("carmy.redb").display());
-    events_survive_a_crash_while_the_receiver_is_down(&store_url, "file").await;
+async fn refused_events_outlive_a_crash_and_are_delivered_once_with_postgres() {
+    with_postgres("pg_refused", Down::Refusing).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_in_flight_at_a_crash_are_delivered_once_after_the_lease_with_postgres() {
+    with_postgres("pg_in_flight", Down::Hanging).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_events_outlive_a_crash_and_are_delivered_once_with_redis() {
+    with_redis(11, Down::Refusing).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_in_flight_at_a_crash_are_delivered_once_after_the_lease_with_redis() {
+    with_redis(12, Down::Hanging).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_events_outlive_a_crash_and_are_delivered_once_with_the_file_store() {
+    with_the_file_store("file-refused", Down::Refusing).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_in_flight_at_a_crash_are_delivered_once_after_the_lease_with_the_file_store() {
+    with_the_file_store("file-in-flight", Down::Hanging).await;
 }
 
 /// Two servers on one PostgreSQL outbox, the calls spread over both, a receiver that answers
