@@ -429,23 +429,27 @@ async fn with_postgres(name: &str, down: Down) {
     drop_postgres_schema(&url, name).await;
 }
 
-/// A Redis database of its own for each run.
-async fn with_redis(database: u32, down: Down) {
-    let Some(url) = server_url("CARMY_TEST_REDIS_URL") else {
-        return;
-    };
+/// A Redis database of its own, rid of the subscriptions an interrupted earlier run left
+/// behind (they would be sent these events too): its URL.
+async fn redis_database(database: u32) -> Option<String> {
+    let url = server_url("CARMY_TEST_REDIS_URL")?;
     let base = url.trim_end_matches('/');
     let base = base
         .rsplit_once('/')
         .filter(|(_, db)| db.parse::<u32>().is_ok())
         .map_or(base, |(base, _)| base);
     let scoped = format!("{base}/{database}");
-    // Subscriptions an interrupted earlier run left behind would be sent these events too.
     let store = carmy::idempotency::connect(&scoped).await.unwrap();
     for left in store.subscriptions().await.unwrap() {
         store.delete_subscription(&left.id).await.unwrap();
     }
-    drop(store);
+    Some(scoped)
+}
+
+async fn with_redis(database: u32, down: Down) {
+    let Some(scoped) = redis_database(database).await else {
+        return;
+    };
     events_survive_a_crash(&scoped, &format!("redis{database}"), down).await;
 }
 
@@ -485,25 +489,20 @@ async fn events_in_flight_at_a_crash_are_delivered_once_after_the_lease_with_the
     with_the_file_store("file-in-flight", Down::Hanging).await;
 }
 
-/// Two servers on one PostgreSQL outbox, the calls spread over both, a receiver that answers
-/// each event's first attempt with `503` and its retry with `200`: every event arrives exactly
-/// twice, so no attempt was made by both replicas and none was lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_on_one_postgres_make_each_attempt_once() {
+/// Two servers on one outbox, the calls spread over both, a receiver that answers each event's
+/// first attempt with `503` and its retry with `200`: every event arrives exactly twice (each
+/// `webhook-id` delivered once), so no attempt was made by both replicas and none was lost.
+async fn replicas_make_each_attempt_once(store_url: &str, name: &str) {
     const CALLS: usize = 40;
-    let (Some(url), Some(program)) = (
-        server_url("CARMY_TEST_POSTGRES_URL"),
-        server_url("CARMY_SHOP_BIN"),
-    ) else {
+    let Some(program) = server_url("CARMY_SHOP_BIN") else {
         return;
     };
-    let scoped = postgres_schema(&url, "replicas").await;
-    let config = TestConfig::new("replicas");
+    let config = TestConfig::new(name);
     let receiver_addr = free_port();
     let receiver = Receiver::start(receiver_addr, true).await;
     let replicas = [
-        Shop::start(&program, &scoped, &config.path()).await,
-        Shop::start(&program, &scoped, &config.path()).await,
+        Shop::start(&program, store_url, &config.path()).await,
+        Shop::start(&program, store_url, &config.path()).await,
     ];
     let (subscription, _secret) = replicas[0]
         .subscribe(&format!("http://{receiver_addr}/hook"))
@@ -513,7 +512,7 @@ async fn two_replicas_on_one_postgres_make_each_attempt_once() {
     let calls: Vec<_> = (0..CALLS)
         .map(|index| {
             let replica = &replicas[index % 2];
-            let request_id = format!("{}-replicas-{index}", run_id());
+            let request_id = format!("{}-{name}-{index}", run_id());
             async move { replica.order(&request_id).await }
         })
         .collect();
@@ -530,8 +529,24 @@ async fn two_replicas_on_one_postgres_make_each_attempt_once() {
         "each webhook-id refused once, then delivered once: {attempts:?}"
     );
     replicas[0].unsubscribe(&subscription).await;
-    drop(replicas);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_one_postgres_make_each_attempt_once() {
+    let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let scoped = postgres_schema(&url, "replicas").await;
+    replicas_make_each_attempt_once(&scoped, "pg-replicas").await;
     drop_postgres_schema(&url, "replicas").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_one_redis_make_each_attempt_once() {
+    let Some(scoped) = redis_database(13).await else {
+        return;
+    };
+    replicas_make_each_attempt_once(&scoped, "redis-replicas").await;
 }
 
 /// `tests/webhooks-verify/receiver.py`, driven over its stdin and stdout.
