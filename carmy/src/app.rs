@@ -501,6 +501,13 @@ impl App {
         };
         #[cfg(feature = "events")]
         let events = {
+            if current.load().events.is_some() && !store.keeps_events() {
+                return Err(Error::Config(
+                    "[events] needs an idempotency store that keeps an event outbox; this one \
+                     does not"
+                        .to_owned(),
+                ));
+            }
             let events = crate::events::Events::new(Arc::clone(&store), Arc::clone(&current));
             runtime.publish_to(Arc::clone(&events));
             let stop = runtime.shutdown_token();

@@ -368,6 +368,71 @@ async fn file_keeps_the_outbox() {
     outbox_contract(Arc::new(store), "file").await;
 }
 
+/// What the file keeps of events outlives the process: subscriptions, pending deliveries with
+/// their attempts made, the log; a delivery claimed by the process that died is claimed again
+/// once its lease passes.
+#[tokio::test]
+async fn file_outbox_survives_reopening() {
+    let file = crate::store_contract::TempFile::new("outbox-reopen");
+    let saved = subscription("sub_kept", SystemTime::now());
+    let (retried, in_flight) = (event("evt_retried"), event("evt_in_flight"));
+    let failed = attempt("evt_retried", Some(500), Some("HTTP 500"));
+    let lease = Duration::from_secs(2);
+    let claimed_at = {
+        let store = carmy::idempotency::FileStore::open(&file.0).await.unwrap();
+        store.save_subscription(&saved).await.unwrap();
+        for outgoing in [&retried, &in_flight] {
+            store
+                .enqueue_event(outgoing, &[Arc::clone(&saved.id)])
+                .await
+                .unwrap();
+        }
+        let claimed = store.claim_deliveries(16, lease).await.unwrap();
+        let claimed_at = tokio::time::Instant::now();
+        assert_eq!(claimed.len(), 2);
+        let first = claimed
+            .iter()
+            .find(|c| c.event.event_id == retried.event_id)
+            .unwrap();
+        store
+            .finish_attempt(first, &failed, AfterAttempt::RetryIn(Duration::ZERO))
+            .await
+            .unwrap();
+        // The process dies with the other delivery claimed.
+        claimed_at
+    };
+
+    let store = carmy::idempotency::FileStore::open(&file.0).await.unwrap();
+    assert_eq!(
+        store.subscriptions().await.unwrap(),
+        std::slice::from_ref(&saved)
+    );
+    assert_eq!(store.pending_deliveries().await.unwrap(), 2);
+    assert_eq!(
+        store.delivery_attempts(&saved.id, 10).await.unwrap(),
+        [failed]
+    );
+    let pending = store.claim_deliveries(16, LEASE).await.unwrap();
+    assert_eq!(
+        pending.len(),
+        1,
+        "only the delivery that was not claimed: {pending:?}"
+    );
+    assert_eq!(pending[0].event, retried);
+    assert_eq!(pending[0].attempts, 1, "its attempt counted");
+    assert!(
+        claimed_at.elapsed() < lease,
+        "the test ran too slowly to see the lease hold"
+    );
+
+    tokio::time::sleep_until(claimed_at + lease + Duration::from_millis(50)).await;
+    let resumed = store.claim_deliveries(16, LEASE).await.unwrap();
+    assert_eq!(resumed.len(), 1, "claimed again once its lease passed");
+    assert_eq!(resumed[0].event, in_flight);
+    assert_eq!(resumed[0].attempts, 0);
+    assert_eq!(&*resumed[0].subscription_id, &*saved.id);
+}
+
 /// The schema of the PostgreSQL contract run: created here, the store migrates it.
 const POSTGRES_SCHEMA: &str = "carmy_outbox_contract";
 

@@ -1,17 +1,22 @@
 //! Records in an embedded database file (redb): one node, kept across restarts.
 
+mod outbox;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;
-use redb::{Database, ReadableTable, TableDefinition};
+use redb::{
+    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition,
+    WriteTransaction,
+};
 
 use super::record::{Cleanup, FINISHED, Found, RUNNING, Stored, UNCERTAIN};
 use super::{
-    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionSummary, Fingerprint, Finish,
-    IdempotencyKey, IdempotencyStore, ProcessExecutions, RecordedEvent, RecordedOutcome,
-    Reservation, StoreError,
+    AfterAttempt, Cancellation, ClaimedDelivery, DeliveryAttempt, ExecutionQuery, ExecutionRecord,
+    ExecutionSummary, Fingerprint, Finish, IdempotencyKey, IdempotencyStore, OutboxEvent,
+    ProcessExecutions, RecordedEvent, RecordedOutcome, Reservation, StoreError, StoredSubscription,
 };
 
 /// (caller, request_id) → the encoded record.
@@ -23,6 +28,10 @@ const CLEANUP_EVERY: Duration = Duration::from_secs(60);
 /// Idempotency records in a redb file: for a single node that must remember finished calls,
 /// and calls interrupted by a crash, across restarts, without running a database server.
 /// Every transition is a durable write transaction; only one process may open the file.
+///
+/// Event subscriptions, the outbox and the attempt logs (`protocol.md` §8) are kept in the file
+/// too, in tables of their own: pending deliveries survive a restart, and a delivery claimed by
+/// the process that died is claimed again once its lease passes.
 ///
 /// Executions (`protocol.md` §9) are kept in this process's memory, bounded to 64 MiB like the
 /// in-memory store's: the one process that owns the file answers for them, but they do not
@@ -48,9 +57,17 @@ fn failed(error: impl Into<redb::Error>) -> StoreError {
 
 /// Milliseconds since the Unix epoch: records outlive the process, so `Instant` won't do.
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, millis)
+    epoch_ms(SystemTime::now())
+}
+
+/// `time` in milliseconds since the Unix epoch (0 before it).
+fn epoch_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH).map_or(0, millis)
+}
+
+/// The time `epoch_ms` milliseconds after the Unix epoch.
+fn from_epoch_ms(epoch_ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(epoch_ms)
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -66,6 +83,7 @@ impl FileStore {
             let database = Database::create(&path).map_err(failed)?;
             let transaction = database.begin_write().map_err(failed)?;
             transaction.open_table(RECORDS).map_err(failed)?;
+            outbox::create_tables(&transaction)?;
             transaction.commit().map_err(failed)?;
             Ok(Arc::new(database))
         })
@@ -89,22 +107,53 @@ impl FileStore {
         })
     }
 
-    /// Runs `work` in a write transaction on a blocking thread; commits when it returns `Ok`.
-    async fn write<T: Send + 'static>(
+    /// Runs `work` in a durable write transaction on a blocking thread; commits when it
+    /// returns `Ok`.
+    async fn transact<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&mut Table<'_>) -> Result<T, StoreError> + Send + 'static,
+        work: impl FnOnce(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.transact_as(Durability::Immediate, work).await
+    }
+
+    /// [`FileStore::transact`] with the given durability.
+    async fn transact_as<T: Send + 'static>(
+        &self,
+        durability: Durability,
+        work: impl FnOnce(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let database = Arc::clone(&self.database);
         blocking(move || {
-            let transaction = database.begin_write().map_err(failed)?;
-            let result = {
-                let mut table = transaction.open_table(RECORDS).map_err(failed)?;
-                work(&mut table)?
-            };
+            let mut transaction = database.begin_write().map_err(failed)?;
+            transaction
+                .set_durability(durability)
+                .map_err(|error| StoreError(Box::new(error)))?;
+            let result = work(&transaction)?;
             transaction.commit().map_err(failed)?;
             Ok(result)
         })
         .await
+    }
+
+    /// [`FileStore::transact`] on the records' table.
+    async fn write<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Table<'_>) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.transact(move |transaction| {
+            let mut table = transaction.open_table(RECORDS).map_err(failed)?;
+            work(&mut table)
+        })
+        .await
+    }
+
+    /// Runs `work` in a read transaction on a blocking thread.
+    async fn view<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&ReadTransaction) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let database = Arc::clone(&self.database);
+        blocking(move || work(&database.begin_read().map_err(failed)?)).await
     }
 }
 
@@ -146,78 +195,121 @@ struct Record {
     response: Option<Stored>,
 }
 
-/// The encoding's version, first byte of every record.
+/// The encoding's version, first byte of everything the file keeps.
 const FORMAT: u8 = 1;
 
-impl Record {
-    /// Length-prefixed fields; the layout is [`Record::decode`]'s.
-    fn encode(&self) -> Vec<u8> {
-        let mut out = vec![FORMAT];
-        for number in [self.reserved_at, self.lease_until, self.expires_at] {
-            out.extend_from_slice(&number.to_le_bytes());
-        }
-        let mut field = |bytes: Option<&[u8]>| match bytes {
+/// How the file encodes what it keeps: the version byte, then little-endian numbers and
+/// length-prefixed optional fields, in the order each kind of value fixes.
+struct Encoder(Vec<u8>);
+
+impl Encoder {
+    fn new() -> Self {
+        Encoder(vec![FORMAT])
+    }
+
+    fn number(&mut self, number: u64) {
+        self.0.extend_from_slice(&number.to_le_bytes());
+    }
+
+    fn field(&mut self, bytes: Option<&[u8]>) {
+        match bytes {
             Some(bytes) => {
-                out.push(1);
-                out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-                out.extend_from_slice(bytes);
+                self.0.push(1);
+                self.number(bytes.len() as u64);
+                self.0.extend_from_slice(bytes);
             }
-            None => out.push(0),
-        };
-        field(Some(self.tool.as_bytes()));
-        field(Some(&self.digest));
-        field(Some(self.execution_id.as_bytes()));
-        field(Some(self.state.as_bytes()));
+            None => self.0.push(0),
+        }
+    }
+
+    fn optional_number(&mut self, number: Option<u64>) {
+        self.field(
+            number
+                .map(u64::to_le_bytes)
+                .as_ref()
+                .map(<[u8; 8]>::as_slice),
+        );
+    }
+}
+
+/// Reads what [`Encoder`] wrote; every read is `None` on bytes it did not write.
+struct Decoder<'a>(&'a [u8]);
+
+impl<'a> Decoder<'a> {
+    /// `None` for bytes this version did not write.
+    fn new(bytes: &'a [u8]) -> Option<Self> {
+        let (&format, rest) = bytes.split_first()?;
+        (format == FORMAT).then_some(Decoder(rest))
+    }
+
+    fn number(&mut self) -> Option<u64> {
+        let (head, tail) = self.0.split_at_checked(8)?;
+        self.0 = tail;
+        Some(u64::from_le_bytes(head.try_into().ok()?))
+    }
+
+    fn field(&mut self) -> Option<Option<&'a [u8]>> {
+        let (&present, tail) = self.0.split_first()?;
+        self.0 = tail;
+        if present == 0 {
+            return Some(None);
+        }
+        let length = usize::try_from(self.number()?).ok()?;
+        let (value, tail) = self.0.split_at_checked(length)?;
+        self.0 = tail;
+        Some(Some(value))
+    }
+
+    fn text(&mut self) -> Option<Option<String>> {
+        match self.field()? {
+            Some(bytes) => Some(Some(String::from_utf8(bytes.to_vec()).ok()?)),
+            None => Some(None),
+        }
+    }
+
+    fn optional_number(&mut self) -> Option<Option<u64>> {
+        match self.field()? {
+            Some(bytes) => Some(Some(u64::from_le_bytes(bytes.try_into().ok()?))),
+            None => Some(None),
+        }
+    }
+}
+
+impl Record {
+    /// The layout is [`Record::decode`]'s.
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Encoder::new();
+        for number in [self.reserved_at, self.lease_until, self.expires_at] {
+            out.number(number);
+        }
+        out.field(Some(self.tool.as_bytes()));
+        out.field(Some(&self.digest));
+        out.field(Some(self.execution_id.as_bytes()));
+        out.field(Some(self.state.as_bytes()));
         let response = self.response.as_ref();
-        field(response.map(|stored| stored.status.as_bytes()));
-        field(response.and_then(|stored| stored.category.as_deref().map(str::as_bytes)));
-        field(response.and_then(|stored| stored.code.as_deref().map(str::as_bytes)));
-        field(response.map(|stored| stored.body.as_slice()));
-        out
+        out.field(response.map(|stored| stored.status.as_bytes()));
+        out.field(response.and_then(|stored| stored.category.as_deref().map(str::as_bytes)));
+        out.field(response.and_then(|stored| stored.code.as_deref().map(str::as_bytes)));
+        out.field(response.map(|stored| stored.body.as_slice()));
+        out.0
     }
 
     /// `None` for bytes this version did not write.
     fn decode(bytes: &[u8]) -> Option<Self> {
-        let (&format, mut rest) = bytes.split_first()?;
-        if format != FORMAT {
-            return None;
-        }
-        let mut number = || -> Option<u64> {
-            let (head, tail) = rest.split_at_checked(8)?;
-            rest = tail;
-            Some(u64::from_le_bytes(head.try_into().ok()?))
-        };
-        let (reserved_at, lease_until, expires_at) = (number()?, number()?, number()?);
-        let mut field = || -> Option<Option<Vec<u8>>> {
-            let (&present, tail) = rest.split_first()?;
-            rest = tail;
-            if present == 0 {
-                return Some(None);
-            }
-            let (length, tail) = rest.split_at_checked(8)?;
-            let length = usize::try_from(u64::from_le_bytes(length.try_into().ok()?)).ok()?;
-            let (value, tail) = tail.split_at_checked(length)?;
-            rest = tail;
-            Some(Some(value.to_vec()))
-        };
-        let text = |bytes: Vec<u8>| String::from_utf8(bytes).ok();
-        let tool = text(field()??)?;
-        let digest = field()??;
-        let execution_id = text(field()??)?;
-        let state = text(field()??)?;
-        let (status, category, code, body) = (field()?, field()?, field()?, field()?);
-        let response = match (status, body) {
+        let mut input = Decoder::new(bytes)?;
+        let (reserved_at, lease_until, expires_at) =
+            (input.number()?, input.number()?, input.number()?);
+        let tool = input.text()??;
+        let digest = input.field()??.to_vec();
+        let execution_id = input.text()??;
+        let state = input.text()??;
+        let (status, category, code) = (input.text()?, input.text()?, input.text()?);
+        let response = match (status, input.field()?) {
             (Some(status), Some(body)) => Some(Stored {
-                status: text(status)?,
-                category: match category {
-                    Some(category) => Some(text(category)?),
-                    None => None,
-                },
-                code: match code {
-                    Some(code) => Some(text(code)?),
-                    None => None,
-                },
-                body,
+                status,
+                category,
+                code,
+                body: body.to_vec(),
             }),
             _ => None,
         };
@@ -400,6 +492,99 @@ impl IdempotencyStore for FileStore {
 
     fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
         self.executions.changed(execution_id)
+    }
+
+    fn keeps_events(&self) -> bool {
+        true
+    }
+
+    fn save_subscription<'a>(
+        &'a self,
+        subscription: &'a StoredSubscription,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let subscription = subscription.clone();
+        Box::pin(
+            self.transact(move |transaction| outbox::save_subscription(transaction, &subscription)),
+        )
+    }
+
+    fn subscription<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<StoredSubscription>, StoreError>> {
+        let id = id.to_owned();
+        Box::pin(self.view(move |transaction| outbox::subscription(transaction, &id)))
+    }
+
+    fn subscriptions(&self) -> BoxFuture<'_, Result<Vec<StoredSubscription>, StoreError>> {
+        Box::pin(self.view(outbox::subscriptions))
+    }
+
+    fn delete_subscription<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let id = id.to_owned();
+        Box::pin(self.transact(move |transaction| outbox::delete_subscription(transaction, &id)))
+    }
+
+    fn enqueue_event<'a>(
+        &'a self,
+        event: &'a OutboxEvent,
+        subscription_ids: &'a [Arc<str>],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (event, subscription_ids) = (event.clone(), subscription_ids.to_vec());
+        Box::pin(self.transact(move |transaction| {
+            outbox::enqueue_event(transaction, &event, &subscription_ids, now_ms())
+        }))
+    }
+
+    fn claim_deliveries(
+        &self,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'_, Result<Vec<ClaimedDelivery>, StoreError>> {
+        Box::pin(async move {
+            // Replicas poll while the outbox is idle: look before taking the write lock, so an
+            // idle outbox never writes the file.
+            if !self
+                .view(|transaction| outbox::any_due(transaction, now_ms()))
+                .await?
+            {
+                return Ok(Vec::new());
+            }
+            // Claims need not survive a crash: only this process could honour them, and a claim
+            // lost with it leaves the delivery due at once on restart. Not syncing them keeps
+            // a short lease from passing while its claim is written.
+            self.transact_as(Durability::None, move |transaction| {
+                outbox::claim_deliveries(transaction, limit, lease, SystemTime::now())
+            })
+            .await
+        })
+    }
+
+    fn finish_attempt<'a>(
+        &'a self,
+        claimed: &'a ClaimedDelivery,
+        attempt: &'a DeliveryAttempt,
+        after: AfterAttempt,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (claimed, attempt) = (claimed.clone(), attempt.clone());
+        Box::pin(self.transact(move |transaction| {
+            outbox::finish_attempt(transaction, &claimed, &attempt, after, now_ms())
+        }))
+    }
+
+    fn delivery_attempts<'a>(
+        &'a self,
+        subscription_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeliveryAttempt>, StoreError>> {
+        let subscription_id = subscription_id.to_owned();
+        Box::pin(self.view(move |transaction| {
+            outbox::delivery_attempts(transaction, &subscription_id, limit)
+        }))
+    }
+
+    fn pending_deliveries(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
+        Box::pin(self.view(outbox::pending_deliveries))
     }
 }
 

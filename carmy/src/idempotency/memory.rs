@@ -1,5 +1,7 @@
 //! The default store: in memory, bounded, sharded.
 
+mod outbox;
+
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
@@ -10,10 +12,12 @@ use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use self::outbox::MemoryOutbox;
 use super::{
-    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionSummary, Fingerprint, Finish,
-    IdempotencyKey, IdempotencyStore, ProcessExecutions, RecordedEvent, RecordedOutcome,
-    Reservation, StoreError, StoredResponse,
+    AfterAttempt, Cancellation, ClaimedDelivery, DeliveryAttempt, ExecutionQuery, ExecutionRecord,
+    ExecutionSummary, Fingerprint, Finish, IdempotencyKey, IdempotencyStore, OutboxEvent,
+    ProcessExecutions, RecordedEvent, RecordedOutcome, Reservation, StoreError, StoredResponse,
+    StoredSubscription,
 };
 
 /// Records kept by default before the oldest finished ones are evicted.
@@ -41,11 +45,17 @@ const MAX_SHARDS: usize = 64;
 /// another replica cannot look them up. They have a byte bound of their own, `max_bytes` as
 /// well: when it is reached, the executions that ended first are dropped, never a running one,
 /// and a new execution that still does not fit is refused (`503 IDEMPOTENCY_UNAVAILABLE`).
+///
+/// And it keeps event subscriptions and the outbox (`protocol.md` §8), in this process only:
+/// subscriptions, pending deliveries and their attempts are **lost on restart** (events not yet
+/// delivered are never sent); use a persistent store where that matters. Pending deliveries
+/// are bounded by `max_bytes` too: beyond it a new event is refused, never an old one dropped.
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     limits: Limits,
     hasher: RandomState,
     executions: ProcessExecutions,
+    outbox: MemoryOutbox,
 }
 
 /// One shard's part of the store's bounds.
@@ -154,6 +164,7 @@ impl MemoryStore {
             limits,
             hasher: RandomState::new(),
             executions: ProcessExecutions::new(max_bytes),
+            outbox: MemoryOutbox::new(max_bytes),
         }
     }
 
@@ -562,5 +573,76 @@ impl IdempotencyStore for MemoryStore {
 
     fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
         self.executions.changed(execution_id)
+    }
+
+    fn keeps_events(&self) -> bool {
+        true
+    }
+
+    fn save_subscription<'a>(
+        &'a self,
+        subscription: &'a StoredSubscription,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.outbox.save_subscription(subscription);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn subscription<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<StoredSubscription>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.outbox.subscription(id))))
+    }
+
+    fn subscriptions(&self) -> BoxFuture<'_, Result<Vec<StoredSubscription>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.outbox.subscriptions())))
+    }
+
+    fn delete_subscription<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.outbox.delete_subscription(id))))
+    }
+
+    fn enqueue_event<'a>(
+        &'a self,
+        event: &'a OutboxEvent,
+        subscription_ids: &'a [Arc<str>],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(std::future::ready(
+            self.outbox.enqueue_event(event, subscription_ids),
+        ))
+    }
+
+    fn claim_deliveries(
+        &self,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'_, Result<Vec<ClaimedDelivery>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self
+            .outbox
+            .claim_deliveries(limit, lease))))
+    }
+
+    fn finish_attempt<'a>(
+        &'a self,
+        claimed: &'a ClaimedDelivery,
+        attempt: &'a DeliveryAttempt,
+        after: AfterAttempt,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.outbox.finish_attempt(claimed, attempt, after);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn delivery_attempts<'a>(
+        &'a self,
+        subscription_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeliveryAttempt>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self
+            .outbox
+            .delivery_attempts(subscription_id, limit))))
+    }
+
+    fn pending_deliveries(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.outbox.pending_deliveries())))
     }
 }

@@ -97,3 +97,8 @@ pub enum AfterAttempt {
     /// leaves the outbox, marked failed in the log.
     Failed,
 }
+
+/// A new claim token: unique, so a stale claim never matches a newer one.
+pub(crate) fn new_claim() -> Arc<str> {
+    Arc::from(uuid::Uuid::now_v7().to_string())
+}
