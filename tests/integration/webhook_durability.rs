@@ -374,8 +374,10 @@ async fn events_survive_a_crash(store_url: &str, name: &str, down: Down) {
 
     let receiver = Receiver::start(receiver_addr, false).await;
     let shop = Shop::start(&program, store_url, &config.path()).await;
-    if down == Down::Hanging {
-        // The dead server's claims hold for 5 s + 10 s from its attempts: not retaken yet.
+    // A shared store keeps the dead server's claims for 5 s + 10 s from its attempts: not
+    // retaken yet. The file store, open in one process at a time, need not keep a claim past
+    // a crash (`FileStore::claim_deliveries`): there they may be delivered at once.
+    if down == Down::Hanging && !store_url.starts_with("file:") {
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(
             receiver.state.received.lock().unwrap().attempts.is_empty(),
@@ -485,7 +487,7 @@ async fn refused_events_outlive_a_crash_and_are_delivered_once_with_the_file_sto
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_in_flight_at_a_crash_are_delivered_once_after_the_lease_with_the_file_store() {
+async fn events_in_flight_at_a_crash_are_delivered_once_after_the_restart_with_the_file_store() {
     with_the_file_store("file-in-flight", Down::Hanging).await;
 }
 
