@@ -44,4 +44,5 @@ mod testing_client;
 mod tool_errors;
 mod tools;
 mod tracing_span;
+mod webhook_durability;
 mod webhooks;
