@@ -3,28 +3,59 @@
 is doing, so two builds compare exactly even on a loaded machine (wall-clock req/s does not).
 
     python3 benches/instructions.py BIN [BIN ...] [--path /agent/execute] [--body JSON]
-                                    [--header 'Name: value'] [--config carmy.toml]
+                                    [--header 'Name: value'] [--config carmy.toml] [--subscribe]
 
 Each binary (the example, `shop`, of some build) runs under `valgrind --tool=callgrind`; one
 keep-alive client sends the same request SMALL times, then LARGE times in a second run; the
 difference of the two totals divided by LARGE - SMALL is the cost of one request, start-up and
-shutdown cancelled out. Loopback only.
+shutdown cancelled out. A `{id}` in the body becomes a number unique to each request (a fresh
+`request_id`). `--subscribe` first subscribes a receiver (a thread of this script on 127.0.0.1,
+answering 204) to `execution.finished` as the example's internal caller, allowing loopback for
+it as a test configuration would: the cost of writing and delivering the events is counted.
+Loopback only.
 """
 
 import argparse
 import http.client
+import http.server
+import json
 import os
 import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 
 PORT = 3190
 SMALL, LARGE = 200, 1200
 
 
-def count(binary, requests, method, path, body, headers, config):
+class Receiver(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def subscribe(connection, receiver_port):
+    body = json.dumps({"url": f"http://127.0.0.1:{receiver_port}/hook",
+                       "event_types": ["execution.finished"]})
+    connection.request("POST", "/agent/events/subscriptions", body=body, headers={
+        "Content-Type": "application/json", "Authorization": "Bearer shop-internal-demo-token"})
+    response = connection.getresponse()
+    response.read()
+    if response.status != 201:
+        raise RuntimeError(f"subscribing: {response.status}")
+
+
+def count(binary, requests, method, path, body, headers, config, receiver_port):
     out = tempfile.NamedTemporaryFile(prefix="callgrind-", suffix=".out", delete=False).name
     env = dict(os.environ, CARMY_ADDR=f"127.0.0.1:{PORT}",
                CARMY_RATE_LIMIT_ANONYMOUS="1000000000", CARMY_RATE_LIMIT_KNOWN="1000000000")
@@ -32,6 +63,8 @@ def count(binary, requests, method, path, body, headers, config):
     env.pop("CARMY_IDEMPOTENCY_URL", None)
     if config:
         env["CARMY_CONFIG"] = config
+    if receiver_port:
+        env.update(CARMY_EVENTS_ALLOW_HTTP="true", CARMY_EVENTS_ALLOW_NETWORKS="127.0.0.0/8")
     server = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -47,8 +80,11 @@ def count(binary, requests, method, path, body, headers, config):
                 if time.time() > deadline:
                     raise RuntimeError(f"{binary} did not start")
                 time.sleep(0.2)
-        for _ in range(requests):
-            connection.request(method, path, body=body, headers=headers)
+        if receiver_port:
+            subscribe(connection, receiver_port)
+        for number in range(requests):
+            sent = body.replace("{id}", f"{os.getpid()}-{requests}-{number}") if body else None
+            connection.request(method, path, body=sent, headers=headers)
             response = connection.getresponse()
             response.read()
             if response.status >= 400:
@@ -69,7 +105,13 @@ def main():
     parser.add_argument("--body", default='{"tool":"create_order","arguments":{"sku":"KB-01"}}')
     parser.add_argument("--header", action="append", default=[])
     parser.add_argument("--config", help="CARMY_CONFIG for every binary")
+    parser.add_argument("--subscribe", action="store_true")
     args = parser.parse_args()
+    receiver_port = None
+    if args.subscribe:
+        receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+        threading.Thread(target=receiver.serve_forever, daemon=True).start()
+        receiver_port = receiver.server_address[1]
     method = "POST" if args.body else "GET"
     headers = {"Content-Type": "application/json"} if args.body else {}
     for header in args.header:
@@ -77,8 +119,10 @@ def main():
         headers[name.strip()] = value.strip()
     first = None
     for binary in args.binaries:
-        small = count(binary, SMALL, method, args.path, args.body or None, headers, args.config)
-        large = count(binary, LARGE, method, args.path, args.body or None, headers, args.config)
+        small = count(binary, SMALL, method, args.path, args.body or None, headers, args.config,
+                      receiver_port)
+        large = count(binary, LARGE, method, args.path, args.body or None, headers, args.config,
+                      receiver_port)
         per_request = (large - small) / (LARGE - SMALL)
         first = first or per_request
         print(f"{binary}: {per_request:,.0f} instructions per request ({per_request / first:.3f}× the first)")
