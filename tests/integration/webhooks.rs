@@ -1019,6 +1019,54 @@ async fn gone_disables_the_subscription_and_tells_the_subscribers_of_subscriptio
     );
 }
 
+/// A subscription whose deliveries fail without a success for `disable_after` is disabled,
+/// and the subscribers of `subscription.disabled` are told.
+#[tokio::test]
+async fn a_subscription_failing_for_disable_after_is_disabled() {
+    let Some(store) = store("failing").await else {
+        return;
+    };
+    let schedule = ["200ms"; 20];
+    let router = app(&store, &events_table(&schedule, "disable_after = \"1s\"\n"))
+        .router()
+        .unwrap();
+    let mut failing = Receiver::start(Reply::status(500), Vec::new()).await;
+    let mut watcher = Receiver::ok().await;
+    let doomed = subscribe(&router, &failing.url, &["execution.finished"]).await;
+    let watching = subscribe(&router, &watcher.url, &["subscription.disabled"]).await;
+    echo(&router, Some(PLAIN), Some("req-failing")).await;
+    let first = failing.next().await;
+
+    let told = watcher.next().await;
+    let data = assert_signed_event(&told, "subscription.disabled", &secret(&watching));
+    assert_eq!(data["id"], doomed["id"], "{data}");
+    assert!(
+        told.at.duration_since(first.at) >= Duration::from_secs(1),
+        "disabled only after failing for disable_after"
+    );
+    let read = call(
+        &router,
+        "GET",
+        &format!("{SUBSCRIPTIONS}/{}", id(&doomed)),
+        Some(ROOT),
+        None,
+    )
+    .await;
+    assert_eq!(read.json()["status"], "disabled", "{}", read.json());
+    assert!(
+        read.json()["disabled_reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("without a success")),
+        "{}",
+        read.json()
+    );
+    // Disabled: its remaining retries are not attempted.
+    while let Ok(Some(_)) =
+        tokio::time::timeout(Duration::from_millis(300), failing.got.recv()).await
+    {}
+    failing.nothing_for(Duration::from_secs(1)).await;
+}
+
 #[tokio::test]
 async fn a_rotated_secret_signs_alongside_the_old_one() {
     let Some(store) = store("rotation").await else {
