@@ -25,6 +25,8 @@ pub(crate) struct Scope<'a> {
     pub(crate) bearer: bool,
     /// MCP is served; discovery announces it.
     pub(crate) mcp: bool,
+    /// Events are delivered: the subscription routes exist (for internal callers).
+    pub(crate) events: bool,
 }
 
 /// The document under construction: what a path group reads and adds to.
@@ -50,6 +52,7 @@ const PATH_GROUPS: &[PathGroup] = &[
     executions_paths,
     health_paths,
     admin_paths,
+    subscription_paths,
 ];
 
 /// The OpenAPI document a caller trusted at `scope.trust` sees: only the tools it may call.
@@ -480,6 +483,163 @@ fn admin_paths(builder: &mut Builder<'_>) {
     );
 }
 
+/// `/agent/events/subscriptions` (§8): documented for internal callers while events are on
+/// (holders of `manage:events` below `internal` use them too, undocumented in their document).
+fn subscription_paths(builder: &mut Builder<'_>) {
+    let scope = builder.scope;
+    if scope.trust != TrustLevel::Internal || !scope.events {
+        return;
+    }
+    let event_types = json!({ "type": "array", "minItems": 1, "items": { "enum": [
+        "execution.finished", "health.changed", "tools.changed", "subscription.disabled",
+    ] } });
+    let subscription = json!({
+        "type": "object",
+        "required": ["id", "url", "event_types", "status", "source"],
+        "properties": {
+            "id": { "type": "string", "pattern": "^sub_" },
+            "url": { "type": "string" },
+            "event_types": event_types,
+            "status": { "enum": ["enabled", "disabled"] },
+            "source": { "enum": ["api", "config"] },
+            "description": { "type": "string" },
+            "created_at": { "type": "string", "format": "date-time" },
+            "disabled_reason": { "type": "string" },
+        },
+    });
+    let mut with_secret = subscription.clone();
+    if let Some(required) = with_secret["required"].as_array_mut() {
+        required.push(json!("secret"));
+    }
+    with_secret["properties"]["secret"] = json!({ "type": "string", "pattern": "^whsec_" });
+    builder
+        .schemas
+        .insert("Subscription".to_owned(), subscription);
+    builder
+        .schemas
+        .insert("SubscriptionWithSecret".to_owned(), with_secret);
+    let no_store = json!({ "$ref": "#/components/headers/NoStore" });
+    let answer = |status: &str, description: &str, schema: Value, errors: &[u16]| {
+        let mut responses = json!({ status: {
+            "description": description,
+            "headers": { "Cache-Control": no_store },
+            "content": { "application/json": { "schema": schema } },
+        } });
+        add_errors(&mut responses, scope, errors);
+        responses
+    };
+    let reference = |name: &str| json!({ "$ref": format!("#/components/schemas/{name}") });
+    let json_body = |schema: Value| json!({ "required": true, "content": { "application/json": { "schema": schema } } });
+    let id =
+        json!([{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }]);
+    let operation = |operation_id: &str, summary: &str, responses: Value| json!({ "operationId": operation_id, "summary": summary, "tags": ["carmy"], "responses": responses });
+
+    let mut create = operation(
+        "create_subscription",
+        "Subscribe a URL to event types; the secret is shown once. Nothing is sent to the URL.",
+        answer(
+            "201",
+            "Created.",
+            reference("SubscriptionWithSecret"),
+            SUBSCRIPTION_WRITE_ERRORS,
+        ),
+    );
+    create["requestBody"] = json_body(json!({
+        "type": "object",
+        "required": ["url", "event_types"],
+        "additionalProperties": false,
+        "properties": {
+            "url": { "type": "string" },
+            "event_types": event_types,
+            "description": { "type": "string" },
+        },
+    }));
+    let list = json!({ "type": "object", "required": ["subscriptions"], "properties": {
+        "subscriptions": { "type": "array", "items": reference("Subscription") },
+    } });
+    builder.paths.insert(
+        paths::SUBSCRIPTIONS.to_owned(),
+        json!({
+            "get": operation(
+                "list_subscriptions",
+                "Every subscription, without secrets.",
+                answer("200", "The subscriptions.", list, SUBSCRIPTION_READ_ERRORS),
+            ),
+            "post": create,
+        }),
+    );
+
+    let mut update = operation(
+        "update_subscription",
+        "Re-enable or disable a subscription, or change its event types or description.",
+        answer(
+            "200",
+            "Updated.",
+            reference("Subscription"),
+            SUBSCRIPTION_ONE_ERRORS,
+        ),
+    );
+    update["requestBody"] = json_body(json!({
+        "type": "object",
+        "additionalProperties": false,
+        "properties": {
+            "enabled": { "type": "boolean" },
+            "event_types": event_types,
+            "description": { "type": ["string", "null"] },
+        },
+    }));
+    let mut deleted = json!({ "204": { "description": "Deleted, with its pending deliveries." } });
+    add_errors(&mut deleted, scope, SUBSCRIPTION_ONE_ERRORS);
+    builder.paths.insert(
+        format!("{}/{{id}}", paths::SUBSCRIPTIONS),
+        json!({
+            "parameters": id,
+            "get": operation(
+                "get_subscription",
+                "One subscription, without its secret.",
+                answer("200", "The subscription.", reference("Subscription"), SUBSCRIPTION_ONE_ERRORS),
+            ),
+            "patch": update,
+            "delete": operation("delete_subscription", "Delete a subscription.", deleted),
+        }),
+    );
+    builder.paths.insert(
+        format!("{}/{{id}}/rotate-secret", paths::SUBSCRIPTIONS),
+        json!({
+            "parameters": id,
+            "post": operation(
+                "rotate_subscription_secret",
+                "A new secret, shown once; the old one signs alongside it for 24 hours.",
+                answer("200", "Rotated.", reference("SubscriptionWithSecret"), SUBSCRIPTION_ONE_ERRORS),
+            ),
+        }),
+    );
+    let attempts = json!({ "type": "object", "required": ["deliveries"], "properties": {
+        "deliveries": { "type": "array", "items": {
+            "type": "object",
+            "required": ["event_id", "at", "status_code", "duration_ms", "error"],
+            "properties": {
+                "event_id": { "type": "string", "pattern": "^evt_" },
+                "at": { "type": "string", "format": "date-time" },
+                "status_code": { "type": ["integer", "null"] },
+                "duration_ms": { "type": "integer", "minimum": 0 },
+                "error": { "type": ["string", "null"] },
+            },
+        } },
+    } });
+    builder.paths.insert(
+        format!("{}/{{id}}/deliveries", paths::SUBSCRIPTIONS),
+        json!({
+            "parameters": id,
+            "get": operation(
+                "list_subscription_deliveries",
+                "The latest 100 delivery attempts, newest first.",
+                answer("200", "The attempts.", attempts, SUBSCRIPTION_ONE_ERRORS),
+            ),
+        }),
+    );
+}
+
 // Operations and responses
 
 /// A document served from memory: `200` with a strong `ETag`, `304` for a matching
@@ -590,6 +750,9 @@ const DOCUMENT_ERRORS: &[u16] = &[400, 406, 429, 503];
 const PROBE_ERRORS: &[u16] = &[400, 406];
 /// A body (it must be empty), a refused file (`409`), a budget.
 const ADMIN_ERRORS: &[u16] = &[400, 406, 409, 429];
+const SUBSCRIPTION_READ_ERRORS: &[u16] = &[400, 406, 429, 503];
+const SUBSCRIPTION_WRITE_ERRORS: &[u16] = &[400, 406, 413, 429, 503];
+const SUBSCRIPTION_ONE_ERRORS: &[u16] = &[400, 404, 406, 409, 413, 429, 503];
 /// A bad parameter, a budget, the store.
 const EXECUTION_LIST_ERRORS: &[u16] = &[400, 406, 429, 503];
 /// No such execution, one that has ended, a budget, the store.

@@ -222,6 +222,7 @@ impl LevelDocuments {
                 trust,
                 bearer,
                 mcp,
+                events,
             },
         ));
         let providers = Provider::ALL.map(|provider| {
