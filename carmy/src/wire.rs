@@ -67,8 +67,7 @@ pub(crate) mod paths {
     pub(crate) const READY: &str = "/agent/health/ready";
     /// `POST`: reload `carmy.toml` now (`internal` callers and `manage:config` only).
     pub(crate) const ADMIN_RELOAD: &str = "/agent/admin/reload";
-    /// Webhook subscriptions (§8).
-    #[cfg(feature = "events")]
+    /// Webhook subscriptions (§8); the OpenAPI generator names it with or without the feature.
     pub(crate) const SUBSCRIPTIONS: &str = "/agent/events/subscriptions";
     /// Where MCP is served, when it is.
     pub(crate) const MCP: &str = "/mcp";
