@@ -1239,17 +1239,35 @@ fn emit_started(events: Option<&EventSender>, execution_id: &Arc<str>, tool: &st
     }
 }
 
+/// An execution that took this long is logged at INFO even when it completed.
+const SLOW: Duration = Duration::from_secs(1);
+
+/// Records the outcome on the execution's span, and logs it: a call that completed quickly at
+/// DEBUG (the usual case costs nothing at the default INFO), any other at INFO with its
+/// fields on the line, since the span itself is at DEBUG.
 fn record_span(span: &tracing::Span, outcome: &Outcome, started: Instant) {
-    span.record("status", outcome.response.status.as_str());
-    span.record(
-        "duration_ms",
-        u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-    );
-    if let Some(code) = &outcome.response.code {
-        span.record("error_code", &**code);
+    let status = outcome.response.status.as_str();
+    let elapsed = started.elapsed();
+    let duration_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+    let code = outcome.response.code.as_deref();
+    span.record("status", status);
+    span.record("duration_ms", duration_ms);
+    if let Some(code) = code {
+        span.record("error_code", code);
     }
     let _entered = span.enter();
-    tracing::info!(replayed = outcome.replayed, "execution finished");
+    if outcome.response.status == ExecutionStatus::Completed && elapsed < SLOW {
+        tracing::debug!(replayed = outcome.replayed, "execution finished");
+    } else {
+        tracing::info!(
+            execution_id = &*outcome.response.execution_id,
+            status,
+            error_code = code,
+            duration_ms,
+            replayed = outcome.replayed,
+            "execution finished"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -12,11 +12,12 @@ use std::io::IsTerminal;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Logs: `RUST_LOG` (default `info`) on stderr, since stdout carries MCP messages under
+    // Logs: `RUST_LOG` (default `info,rmcp=warn`: no line per MCP request) on stderr, since stdout carries MCP messages under
     // `mcp`; colours only on a terminal, so a log file or collector gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,rmcp=warn".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
