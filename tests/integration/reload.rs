@@ -244,6 +244,12 @@ async fn the_admin_route_is_only_for_internal_callers_and_config_managers() {
 
     let get = get_as(&router, "/agent/admin/reload", Some(ROOT)).await;
     assert_eq!(get.status, StatusCode::METHOD_NOT_ALLOWED);
+    // Another method reveals the route to nobody else either.
+    for token in [None, Some(PLAIN)] {
+        let hidden = get_as(&router, "/agent/admin/reload", token).await;
+        assert_eq!(hidden.status, StatusCode::NOT_FOUND, "{token:?}");
+        assert_eq!(hidden.body, unknown_route.body, "{token:?}");
+    }
 }
 
 #[tokio::test]

@@ -20,8 +20,18 @@ const MANAGE_CONFIG: &str = "manage:config";
 
 pub(crate) fn router(reloader: Arc<Reloader>) -> Router {
     Router::new()
-        .route(paths::ADMIN_RELOAD, post(reload))
+        .route(paths::ADMIN_RELOAD, post(reload).fallback(wrong_method))
         .with_state(reloader)
+}
+
+/// Another method: `405` to a caller who may reload, the unknown route's `404` to anyone else,
+/// so that no method reveals the route.
+async fn wrong_method(request: Request) -> Response {
+    if super::may_manage(&request, MANAGE_CONFIG) {
+        super::method_not_allowed().await.into_response()
+    } else {
+        super::not_a_route().into_response()
+    }
 }
 
 /// `200` with `{"result": "applied" | "unchanged", "tools_changed": …}`; a file that fails is
