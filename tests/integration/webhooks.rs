@@ -170,6 +170,12 @@ async fn echo(router: &Router, token: Option<&str>, request_id: Option<&str>) ->
     send(router, execute_request(&body, &headers)).await
 }
 
+/// `GET …/{id}` as root.
+async fn read_subscription(router: &Router, subscription: &Value) -> Answer {
+    let path = format!("{SUBSCRIPTIONS}/{}", id(subscription));
+    call(router, "GET", &path, Some(ROOT), None).await
+}
+
 /// `GET …/{id}/deliveries` as root: the attempts, newest first.
 async fn attempts(router: &Router, subscription: &str) -> Vec<Value> {
     let answer = call(
@@ -615,14 +621,7 @@ async fn callers_without_manage_events_see_the_unknown_route_everywhere() {
     // The hidden calls changed nothing.
     let listed = call(&router, "GET", SUBSCRIPTIONS, Some(ROOT), None).await;
     assert_eq!(listed.json()["subscriptions"].as_array().unwrap().len(), 1);
-    let read = call(
-        &router,
-        "GET",
-        &format!("{SUBSCRIPTIONS}/{}", id(&subscription)),
-        Some(ROOT),
-        None,
-    )
-    .await;
+    let read = read_subscription(&router, &subscription).await;
     assert_eq!(read.json()["status"], "enabled");
 }
 
@@ -958,14 +957,7 @@ async fn a_delivery_failing_every_attempt_fails_for_good_once_the_schedule_is_sp
         previous = Some(at);
     }
     // Failing for good does not disable the subscription (that takes `disable_after`).
-    let read = call(
-        &router,
-        "GET",
-        &format!("{SUBSCRIPTIONS}/{}", id(&subscription)),
-        Some(ROOT),
-        None,
-    )
-    .await;
+    let read = read_subscription(&router, &subscription).await;
     assert_eq!(read.json()["status"], "enabled");
 }
 
@@ -1044,14 +1036,7 @@ async fn a_subscription_failing_for_disable_after_is_disabled() {
         told.at.duration_since(first.at) >= Duration::from_secs(1),
         "disabled only after failing for disable_after"
     );
-    let read = call(
-        &router,
-        "GET",
-        &format!("{SUBSCRIPTIONS}/{}", id(&doomed)),
-        Some(ROOT),
-        None,
-    )
-    .await;
+    let read = read_subscription(&router, &doomed).await;
     assert_eq!(read.json()["status"], "disabled", "{}", read.json());
     assert!(
         read.json()["disabled_reason"]
@@ -1082,14 +1067,7 @@ async fn a_rotated_secret_signs_alongside_the_old_one() {
     assert_eq!(rotated.json()["id"], subscription["id"]);
     let new = secret(&rotated.json());
     assert_ne!(new.to_whsec(), old.to_whsec());
-    let read = call(
-        &router,
-        "GET",
-        &format!("{SUBSCRIPTIONS}/{}", id(&subscription)),
-        Some(ROOT),
-        None,
-    )
-    .await;
+    let read = read_subscription(&router, &subscription).await;
     assert!(
         read.json().get("secret").is_none(),
         "shown once: {}",

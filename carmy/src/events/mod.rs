@@ -22,7 +22,7 @@ mod worker;
 pub use deliver::{Attempt, AttemptOutcome, Deliverer, DelivererError, DeliveryPolicy};
 pub use secret::{SecretError, SigningSecret};
 #[cfg(feature = "events")]
-pub(crate) use service::{Events, NewSubscription, SubscriptionChange};
+pub(crate) use service::{Events, NewSubscription, SubscriptionChange, SubscriptionView};
 #[cfg(feature = "events")]
 pub(crate) use settings::{EventSettings, EventType};
 #[cfg(feature = "events")]

@@ -14,7 +14,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::execute::{parse_body, read_body, require_json};
-use crate::events::{EventSettings, Events, NewSubscription, SubscriptionChange};
+use crate::events::{
+    EventSettings, Events, NewSubscription, SigningSecret, SubscriptionChange, SubscriptionView,
+};
 use crate::tool_error::ToolError;
 use crate::wire::{JSON, NO_STORE, paths};
 
@@ -65,6 +67,13 @@ fn allowed(events: &Events, request: &Request) -> Result<Arc<EventSettings>, Too
     }
 }
 
+/// A subscription with its secret: shown once, on creation and on rotation.
+fn with_secret(view: &SubscriptionView, secret: &SigningSecret) -> Value {
+    let mut shown = view.to_json();
+    shown["secret"] = json!(secret.to_whsec());
+    shown
+}
+
 fn json_response(status: StatusCode, body: &Value) -> Response {
     (
         status,
@@ -108,9 +117,7 @@ async fn create(State(events): State<Arc<Events>>, request: Request) -> Response
                     },
                 )
                 .await?;
-            let mut shown = view.to_json();
-            shown["secret"] = json!(secret.to_whsec());
-            let mut response = json_response(StatusCode::CREATED, &shown);
+            let mut response = json_response(StatusCode::CREATED, &with_secret(&view, &secret));
             if let Ok(location) =
                 HeaderValue::from_str(&format!("{}/{}", paths::SUBSCRIPTIONS, view.id))
             {
@@ -223,9 +230,7 @@ async fn rotate_secret(
             let settings = allowed(&events, &request)?;
             super::empty_body(request.into_body(), "the rotation").await?;
             let (view, secret) = events.rotate_secret(&settings, &id).await?;
-            let mut shown = view.to_json();
-            shown["secret"] = json!(secret.to_whsec());
-            Ok(json_response(StatusCode::OK, &shown))
+            Ok(json_response(StatusCode::OK, &with_secret(&view, &secret)))
         }
         .await,
     )

@@ -1190,6 +1190,7 @@ impl IdempotencyStore for PostgresStore {
     fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
         self.announcements.changed(execution_id)
     }
+
     fn keeps_events(&self) -> bool {
         true
     }

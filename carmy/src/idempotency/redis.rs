@@ -1317,6 +1317,7 @@ impl IdempotencyStore for RedisStore {
     fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
         self.announcements.changed(execution_id)
     }
+
     fn keeps_events(&self) -> bool {
         true
     }
