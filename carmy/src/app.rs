@@ -60,6 +60,8 @@ pub struct App {
     /// The file `config` came from, reloaded while serving.
     config_source: Option<PathBuf>,
     reloads: Reloads,
+    /// The host's own routes, merged beside carmy's.
+    routes: Option<axum::Router>,
 }
 
 /// A built app: its router, its runtime and its configuration snapshot.
@@ -105,6 +107,7 @@ impl App {
             config: None,
             config_source: None,
             reloads: Reloads::default(),
+            routes: None,
         }
     }
 
@@ -333,6 +336,18 @@ impl App {
         self
     }
 
+    /// Serves the host's own `routes` beside carmy's, outside carmy's checks (no rate limit, no
+    /// caller, no security headers): what [`App::serve`] cannot otherwise add. The example
+    /// serves the console at `/` this way. A route carmy serves too panics, as
+    /// [`axum::Router::merge`] does.
+    pub fn merge(mut self, routes: axum::Router) -> Self {
+        self.routes = Some(match self.routes.take() {
+            Some(earlier) => earlier.merge(routes),
+            None => routes,
+        });
+        self
+    }
+
     /// Checks the app and builds the router. Every mistake (duplicate tool names, missing
     /// state, an input schema that is not an object) is found here, never at request time.
     pub fn router(self) -> Result<axum::Router, Error> {
@@ -363,8 +378,11 @@ impl App {
             current: _,
         } = self.build()?;
         tracing::info!(addr = %listener.local_addr()?, "serving carmy/1");
-        // The whole server is carmy's: every unknown path gets the JSON 404.
-        let router = router.fallback(http::route_not_found);
+        // The whole server is carmy's: every unknown path gets the JSON 404, and every other
+        // method on a path the host added the JSON 405.
+        let router = router
+            .fallback(http::route_not_found)
+            .method_not_allowed_fallback(http::method_not_allowed);
         server.run(listener, router, shutdown, Some(runtime)).await;
         Ok(())
     }
@@ -415,6 +433,7 @@ impl App {
         }
         serve::check_body_timeout(self.http.body_timeout)?;
         let http = self.http.clone();
+        let routes = self.routes.take();
         #[cfg(feature = "mcp")]
         let mcp = self.mcp.clone();
         let started = self.start()?;
@@ -459,7 +478,11 @@ impl App {
             http.body_timeout,
         ));
         Ok(Built {
-            router: protection::cors(current, router),
+            // Merged only when there are some: a merge drops the fallback the layers wrap.
+            router: match routes {
+                Some(routes) => protection::cors(current, router).merge(routes),
+                None => protection::cors(current, router),
+            },
             runtime: started.runtime,
             current: started.current,
         })

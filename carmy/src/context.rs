@@ -11,6 +11,18 @@ use tokio_util::sync::CancellationToken;
 use crate::health::Health;
 pub(crate) use crate::principal::{Principal, TrustLevel};
 
+/// Who is on the other end of a call: a person (a browser, the console) or an agent (an SDK,
+/// curl, an MCP client). Tools may word their answers for it; it grants nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Requester {
+    /// A person: the request prefers `text/html`, or says `Carmy-Channel: human`.
+    Human,
+    /// Everything else (`protocol.md` §10).
+    #[default]
+    Agent,
+}
+
 /// A progress report from a tool, streamed to clients that asked for events.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Progress {
@@ -194,6 +206,7 @@ struct ContextInner {
     execution_id: Arc<str>,
     request_id: Option<String>,
     principal: Principal,
+    requester: Requester,
     cancellation: CancellationToken,
     events: Option<EventSender>,
     health: Health,
@@ -204,6 +217,7 @@ impl Context {
         execution_id: Arc<str>,
         request_id: Option<String>,
         principal: Principal,
+        requester: Requester,
         cancellation: CancellationToken,
         events: Option<EventSender>,
         health: Health,
@@ -213,6 +227,7 @@ impl Context {
                 execution_id,
                 request_id,
                 principal,
+                requester,
                 cancellation,
                 events,
                 health,
@@ -233,6 +248,11 @@ impl Context {
     /// Who is calling.
     pub fn principal(&self) -> &Principal {
         &self.inner.principal
+    }
+
+    /// Whether a person or an agent made the call (`Carmy-Channel`, or a browser's `Accept`).
+    pub fn requester(&self) -> Requester {
+        self.inner.requester
     }
 
     /// Fires when the execution is cancelled (client gone, deadline passed, shutdown). The tool's
@@ -276,6 +296,7 @@ impl fmt::Debug for Context {
             .field("execution_id", &self.inner.execution_id)
             .field("request_id", &self.inner.request_id)
             .field("principal", &self.inner.principal.id())
+            .field("requester", &self.inner.requester)
             .field("cancelled", &self.is_cancelled())
             .finish_non_exhaustive()
     }

@@ -6,6 +6,12 @@ mod app;
 pub mod auth;
 pub mod catalog;
 pub mod config;
+/// The console for people (`protocol.md` §10), served at `/agent/console/`; a host may serve
+/// its page at an address of its own too.
+#[cfg(feature = "console")]
+pub mod console {
+    pub use crate::http::console::page;
+}
 mod context;
 mod error;
 pub mod events;
@@ -33,7 +39,7 @@ mod wire;
 pub use app::{App, app};
 pub use carmy_macros::{JsonSchema, ToolError, tool};
 pub use config::Config;
-pub use context::Context;
+pub use context::{Context, Requester};
 pub use error::Error;
 pub use health::Health;
 pub use principal::{Principal, TrustLevel};

@@ -27,6 +27,8 @@ pub(crate) struct Scope<'a> {
     pub(crate) mcp: bool,
     /// Events are delivered: the subscription routes exist (for internal callers).
     pub(crate) events: bool,
+    /// The console is served: discovery sends people to it.
+    pub(crate) console: bool,
 }
 
 /// The document under construction: what a path group reads and adds to.
@@ -125,16 +127,41 @@ fn discovery_paths(builder: &mut Builder<'_>) {
         required.push("mcp_url");
         properties["mcp_url"] = json!({ "const": paths::MCP });
     }
+    if scope.console {
+        required.push("console_url");
+        properties["console_url"] = json!({ "const": paths::CONSOLE });
+    }
     let schema = json!({ "type": "object", "required": required, "properties": properties });
-    builder.paths.insert(
-        paths::DISCOVERY.to_owned(),
-        document_operation(
-            scope,
-            "discovery",
-            "The discovery document: what this server serves, and where.",
-            &schema,
-        ),
+    let mut operation = document_operation(
+        scope,
+        "discovery",
+        "The discovery document: what this server serves, and where.",
+        &schema,
     );
+    if scope.console {
+        let get = &mut operation["get"];
+        get["description"] = json!(
+            "Negotiated (`Vary: Accept, Carmy-Channel`): a person — `Accept` preferring \
+             `text/html`, or `Carmy-Channel: human` — is sent to the console."
+        );
+        get["parameters"]
+            .as_array_mut()
+            .expect("a document operation lists its parameters")
+            .push(json!({
+                "name": "Carmy-Channel",
+                "in": "header",
+                "description": "Who is asking, overriding what `Accept` suggests.",
+                "schema": { "enum": ["human", "agent"] },
+            }));
+        get["responses"]["303"] = json!({
+            "description": "A person: the console is at `Location`.",
+            "headers": {
+                "Location": { "schema": { "const": paths::CONSOLE } },
+                "Vary": { "schema": { "type": "string" } },
+            },
+        });
+    }
+    builder.paths.insert(paths::DISCOVERY.to_owned(), operation);
 }
 
 fn catalog_paths(builder: &mut Builder<'_>) {

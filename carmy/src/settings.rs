@@ -120,6 +120,7 @@ impl Base {
             mcp: self.mcp,
             bearer: protection.authenticator.is_some(),
             events: events_config.is_some(),
+            console: cfg!(feature = "console"),
         };
         let documents = Documents::build(&self.name, &catalog, features);
         Ok(Settings {

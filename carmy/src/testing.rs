@@ -30,7 +30,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
-use crate::context::Principal;
+use crate::context::{Principal, Requester};
 use crate::error::Error;
 use crate::idempotency::Cancellation;
 use crate::idempotency::ExecutionStatus;
@@ -63,6 +63,7 @@ impl Client {
             arguments,
             request_id: None,
             principal: Principal::anonymous(),
+            requester: Requester::Agent,
         }
     }
 
@@ -103,6 +104,7 @@ pub struct PendingCall<'a> {
     arguments: Value,
     request_id: Option<String>,
     principal: Principal,
+    requester: Requester,
 }
 
 impl PendingCall<'_> {
@@ -115,6 +117,13 @@ impl PendingCall<'_> {
     /// Calls as `principal` instead of the anonymous caller.
     pub fn principal(mut self, principal: Principal) -> Self {
         self.principal = principal;
+        self
+    }
+
+    /// Calls as `requester` (what [`Context::requester`](crate::Context::requester) tells the
+    /// tool) instead of an agent.
+    pub fn requester(mut self, requester: Requester) -> Self {
+        self.requester = requester;
         self
     }
 }
@@ -152,6 +161,7 @@ impl PendingCall<'_> {
             arguments: self.arguments,
             request_id: self.request_id,
             principal: self.principal,
+            requester: self.requester,
         };
         Ok((Arc::clone(&self.client.runtime), call))
     }

@@ -69,6 +69,8 @@ pub(crate) mod paths {
     pub(crate) const ADMIN_RELOAD: &str = "/agent/admin/reload";
     /// Webhook subscriptions (§8); the OpenAPI generator names it with or without the feature.
     pub(crate) const SUBSCRIPTIONS: &str = "/agent/events/subscriptions";
+    /// The console's page, for people (`protocol.md` §10), when it is served.
+    pub(crate) const CONSOLE: &str = "/agent/console/";
     /// Where MCP is served, when it is.
     pub(crate) const MCP: &str = "/mcp";
 
@@ -81,6 +83,8 @@ pub(crate) mod paths {
 /// carmy/1's own headers.
 pub(crate) static CARMY_VERSION: HeaderName = HeaderName::from_static("carmy-version");
 pub(crate) static CARMY_REPLAYED: HeaderName = HeaderName::from_static("carmy-replayed");
+/// `human` or `agent`: who the caller says it is (`protocol.md` §10).
+pub(crate) static CARMY_CHANNEL: HeaderName = HeaderName::from_static("carmy-channel");
 pub(crate) static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 

@@ -16,9 +16,10 @@ async fn discovery_document_matches_the_protocol() {
     let catalog = get(&router, "/agent/tools").await;
     let tools_version = carmy_tests::sha256_hex(&catalog.body);
     let expected = format!(
-        "{{\"protocol\":\"carmy/1\",\"server\":\"shop\",\"capabilities\":[\"tools\",\"streaming\",\"idempotency\",\"mcp\",\"health\",\"openapi\",\"executions\"],\
+        "{{\"protocol\":\"carmy/1\",\"server\":\"shop\",\"capabilities\":[\"tools\",\"streaming\",\"idempotency\",\"mcp\",\"health\",\"openapi\",\"executions\",\"console\"],\
          \"tools_url\":\"/agent/tools\",\"tools_version\":\"{tools_version}\",\"execute_url\":\"/agent/execute\",\
-         \"mcp_url\":\"/mcp\",\"health_url\":\"/agent/health\",\"openapi_url\":\"/agent/openapi.json\",\"executions_url\":\"/agent/executions\"}}"
+         \"mcp_url\":\"/mcp\",\"health_url\":\"/agent/health\",\"openapi_url\":\"/agent/openapi.json\",\"executions_url\":\"/agent/executions\",\
+         \"console_url\":\"/agent/console/\"}}"
     );
     assert_eq!(std::str::from_utf8(&answer.body).unwrap(), expected);
     assert_eq!(

@@ -8,6 +8,7 @@ mod builder;
 mod catalog;
 mod config;
 mod connections;
+mod console;
 mod disconnect;
 mod discovery;
 mod embedding;

@@ -23,20 +23,8 @@ fn program(variable: &str) -> Option<PathBuf> {
 /// Runs a client script to its end (each script gives up by itself after 60 s); fails the test
 /// with its output unless it succeeds.
 async fn run(program: &Path, args: &[&str]) {
-    let mut command = std::process::Command::new(program);
-    command.args(args).current_dir(CLIENTS);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .expect("the client runs")
-        .unwrap_or_else(|error| panic!("{program:?} cannot start: {error}"));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{args:?} failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
-    println!("{stdout}");
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    carmy_tests::run_to_success(program, &args, Path::new(CLIENTS)).await;
 }
 
 /// A fresh shop (orders count from 1) on a loopback port, and its MCP URL.

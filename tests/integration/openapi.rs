@@ -793,20 +793,8 @@ impl Drop for ShippedShop {
 
 /// Runs one of the OpenAPI tools to its end; fails the test with its output unless it succeeds.
 async fn run_tool(program: std::path::PathBuf, args: Vec<String>, dir: &std::path::Path) {
-    let mut command = std::process::Command::new(&program);
-    command.args(&args).current_dir(dir);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .expect("the tool runs")
-        .unwrap_or_else(|error| panic!("{program:?} cannot start: {error}"));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{program:?} {args:?} failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
-    println!("{stdout}");
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    carmy_tests::run_to_success(program, &args, dir).await;
 }
 
 /// The documents validate as OpenAPI 3.1 (`openapi-spec-validator`), and `schemathesis` with

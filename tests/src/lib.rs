@@ -279,3 +279,27 @@ pub fn run_id() -> &'static str {
         format!("run{}x{nanos}", std::process::id())
     })
 }
+
+/// Runs an outside program (an MCP client, a fuzzer, the browser test) in `dir` to its end;
+/// fails the test with everything it printed unless it succeeds, else prints its output.
+pub async fn run_to_success(
+    program: impl AsRef<std::ffi::OsStr>,
+    args: &[&std::ffi::OsStr],
+    dir: &std::path::Path,
+) {
+    let mut command = std::process::Command::new(program.as_ref());
+    command.args(args).current_dir(dir);
+    let shown = format!("{command:?}");
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("the program's thread runs")
+        .unwrap_or_else(|error| panic!("{shown} cannot start: {error}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{shown} failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    println!("{stdout}");
+}

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use axum::extract::{Query, Request, State};
 use axum::http::Extensions;
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH, LOCATION, VARY};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -15,14 +15,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::requester::{VARY_REQUESTER, requester};
 use crate::auth::hex;
 use crate::catalog::{self, Catalog, Lossy, Provider, ToolDefinition};
+use crate::context::Requester;
 use crate::openapi;
 use crate::principal::{Principal, TrustLevel};
 use crate::settings::{Current, Settings};
 use crate::tool::{Confirmation, Effect, Mode};
 use crate::tool_error::ToolError;
-use crate::wire::{JSON, paths};
+use crate::wire::{JSON, NO_STORE, paths};
 
 const PROTOCOL: &str = "carmy/1";
 /// Discovery's capabilities, in this order; `mcp` and `events` only when served.
@@ -35,6 +37,7 @@ const CAPABILITIES: &[&str] = &[
     "openapi",
     "executions",
     "events",
+    "console",
 ];
 
 static CACHE_CONTROL_VALUE: HeaderValue = HeaderValue::from_static("private, max-age=60");
@@ -45,6 +48,8 @@ static CACHE_CONTROL_VALUE: HeaderValue = HeaderValue::from_static("private, max
 pub(crate) struct Documents {
     /// Indexed by [`TrustLevel::index`].
     levels: [LevelDocuments; 4],
+    /// The console is served: discovery is negotiated.
+    console: bool,
 }
 
 /// The discovery document, the catalog and the OpenAPI document one trust level sees.
@@ -78,6 +83,8 @@ struct DiscoveryBody<'a> {
     health_url: &'static str,
     openapi_url: &'static str,
     executions_url: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    console_url: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -124,6 +131,8 @@ pub(crate) struct Features {
     pub(crate) bearer: bool,
     /// Events are delivered (`[events]`).
     pub(crate) events: bool,
+    /// The console is served (`protocol.md` §10).
+    pub(crate) console: bool,
 }
 
 impl Documents {
@@ -143,6 +152,7 @@ impl Documents {
         Documents {
             levels: TrustLevel::ALL
                 .map(|trust| LevelDocuments::build(name, catalog, &definitions, features, trust)),
+            console: features.console,
         }
     }
 
@@ -176,6 +186,7 @@ impl LevelDocuments {
             mcp,
             bearer,
             events,
+            console,
         } = features;
         let capabilities: Vec<&str> = CAPABILITIES
             .iter()
@@ -183,6 +194,7 @@ impl LevelDocuments {
             .filter(|capability| match *capability {
                 "mcp" => mcp,
                 "events" => events,
+                "console" => console,
                 _ => true,
             })
             .collect();
@@ -213,6 +225,7 @@ impl LevelDocuments {
             health_url: paths::HEALTH,
             openapi_url: paths::OPENAPI,
             executions_url: paths::EXECUTIONS,
+            console_url: console.then_some(paths::CONSOLE),
         });
         let openapi = Document::new(&openapi::document(
             catalog,
@@ -223,6 +236,7 @@ impl LevelDocuments {
                 bearer,
                 mcp,
                 events,
+                console,
             },
         ));
         let providers = Provider::ALL.map(|provider| {
@@ -250,11 +264,9 @@ impl LevelDocuments {
 impl Document {
     fn new(body: &impl Serialize) -> Self {
         let body = serde_json::to_vec(body).expect("documents serialize to JSON");
-        let hash = hex(&Sha256::digest(&body));
-        let etag = HeaderValue::try_from(format!("\"{hash}\"")).expect("hex is a valid header");
         Document {
+            etag: etag_of(&body),
             body: Bytes::from(body),
-            etag,
         }
     }
 
@@ -266,27 +278,69 @@ impl Document {
 
     /// `200` with the body, or `304` when the client's `If-None-Match` matches.
     pub(super) fn respond(&self, request: &HeaderMap) -> Response {
-        let headers = [
-            (ETAG, self.etag.clone()),
-            (CACHE_CONTROL, CACHE_CONTROL_VALUE.clone()),
-        ];
-        if request
-            .get_all(IF_NONE_MATCH)
-            .iter()
-            .any(|value| if_none_match_matches(value, &self.etag))
-        {
-            return (StatusCode::NOT_MODIFIED, headers).into_response();
-        }
-        (headers, [(CONTENT_TYPE, JSON.clone())], self.body.clone()).into_response()
+        conditional(
+            request,
+            &self.etag,
+            &CACHE_CONTROL_VALUE,
+            &JSON,
+            self.body.clone(),
+        )
     }
 }
 
+/// `200` with `body`, or `304` with no body when the client's `If-None-Match` matches `etag`;
+/// both carry the validator and `cache_control`.
+pub(super) fn conditional(
+    request: &HeaderMap,
+    etag: &HeaderValue,
+    cache_control: &HeaderValue,
+    content_type: &HeaderValue,
+    body: Bytes,
+) -> Response {
+    let headers = [(ETAG, etag.clone()), (CACHE_CONTROL, cache_control.clone())];
+    if request
+        .get_all(IF_NONE_MATCH)
+        .iter()
+        .any(|value| if_none_match_matches(value, etag))
+    {
+        return (StatusCode::NOT_MODIFIED, headers).into_response();
+    }
+    (headers, [(CONTENT_TYPE, content_type.clone())], body).into_response()
+}
+
+/// A strong ETag: the quoted hex SHA-256 of `body`.
+pub(super) fn etag_of(body: &[u8]) -> HeaderValue {
+    let hash = hex(&Sha256::digest(body));
+    HeaderValue::try_from(format!("\"{hash}\"")).expect("hex is a valid header")
+}
+
+/// The discovery document; with the console served, a person is sent to it instead
+/// (`protocol.md` §10), and both answers say they vary by who asks.
 pub(crate) async fn discovery(State(current): State<Current>, request: Request) -> Response {
-    Settings::of(request.extensions(), &current)
-        .documents
-        .for_caller(request.extensions())
-        .discovery
-        .respond(request.headers())
+    let documents = &Settings::of(request.extensions(), &current).documents;
+    if !documents.console {
+        return documents
+            .for_caller(request.extensions())
+            .discovery
+            .respond(request.headers());
+    }
+    let mut response = match requester(request.headers()) {
+        Ok(Requester::Human) => (
+            StatusCode::SEE_OTHER,
+            [
+                (LOCATION, HeaderValue::from_static(paths::CONSOLE)),
+                (CACHE_CONTROL, NO_STORE.clone()),
+            ],
+        )
+            .into_response(),
+        Ok(_) => documents
+            .for_caller(request.extensions())
+            .discovery
+            .respond(request.headers()),
+        Err(error) => error.into_response(),
+    };
+    response.headers_mut().insert(VARY, VARY_REQUESTER.clone());
+    response
 }
 
 /// The catalog, or with `?format=` the provider definitions; an unknown format is a `400`.
@@ -323,10 +377,14 @@ fn if_none_match_matches(header: &HeaderValue, etag: &HeaderValue) -> bool {
     let Ok(header) = header.to_str() else {
         return false;
     };
-    let etag = etag.as_bytes();
-    header.split(',').map(str::trim).any(|candidate| {
-        candidate == "*" || candidate.strip_prefix("W/").unwrap_or(candidate).as_bytes() == etag
-    })
+    fn opaque(tag: &[u8]) -> &[u8] {
+        tag.strip_prefix(b"W/").unwrap_or(tag)
+    }
+    let etag = opaque(etag.as_bytes());
+    header
+        .split(',')
+        .map(str::trim)
+        .any(|candidate| candidate == "*" || opaque(candidate.as_bytes()) == etag)
 }
 
 #[cfg(test)]
@@ -347,5 +405,14 @@ mod tests {
         assert!(!matches("abc"));
         assert!(!matches("\"x\", \"y\""));
         assert!(!matches(""));
+        let weak = HeaderValue::from_static("W/\"abc\"");
+        assert!(if_none_match_matches(
+            &HeaderValue::from_static("\"abc\""),
+            &weak
+        ));
+        assert!(if_none_match_matches(
+            &HeaderValue::from_static("W/\"abc\""),
+            &weak
+        ));
     }
 }

@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::{
-    ACCEPT, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER,
-};
+use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -24,6 +22,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::error::status_for;
+use super::requester::requester;
 use crate::catalog::Catalog;
 use crate::context::{Event, EventReceiver, event_channel};
 use crate::executions::running_body;
@@ -175,6 +174,7 @@ async fn read_call(
         arguments: body.arguments,
         request_id,
         principal,
+        requester: requester(headers)?,
     })
 }
 
@@ -253,17 +253,8 @@ fn payload_too_large() -> ToolError {
 }
 
 fn wants_event_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(ACCEPT)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .any(|range| {
-            range
-                .split(';')
-                .next()
-                .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
-        })
+    super::accept::media_ranges(headers)
+        .any(|(media, quality)| quality > 0.0 && media.eq_ignore_ascii_case("text/event-stream"))
 }
 
 fn json_response(outcome: Outcome) -> Response {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header::{ACCEPT, CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -68,19 +68,8 @@ async fn expose(State(exposition): State<Exposition>, request: Request) -> Respo
 fn negotiate(headers: &HeaderMap) -> Format {
     let mut openmetrics = 0.0_f32;
     let mut text = 0.0_f32;
-    let ranges = headers
-        .get_all(ACCEPT)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','));
-    for range in ranges {
-        let mut parameters = range.split(';').map(str::trim);
-        let essence = parameters.next().unwrap_or_default().to_ascii_lowercase();
-        let quality = parameters
-            .filter_map(|parameter| parameter.strip_prefix("q="))
-            .find_map(|q| q.parse::<f32>().ok())
-            .unwrap_or(1.0);
-        match essence.as_str() {
+    for (media, quality) in super::accept::media_ranges(headers) {
+        match media.to_ascii_lowercase().as_str() {
             "application/openmetrics-text" => openmetrics = openmetrics.max(quality),
             "text/plain" | "text/*" | "*/*" => text = text.max(quality),
             _ => {}
@@ -149,7 +138,7 @@ mod tests {
 
     fn format_for(accept: &'static str) -> Format {
         let mut headers = HeaderMap::new();
-        headers.insert(ACCEPT, HeaderValue::from_static(accept));
+        headers.insert(axum::http::header::ACCEPT, HeaderValue::from_static(accept));
         negotiate(&headers)
     }
 

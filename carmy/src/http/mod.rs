@@ -1,7 +1,10 @@
 //! The carmy/1 HTTP adapter (`protocol.md`): routes, documents and the error envelope. It knows
 //! nothing of tool internals: it serves the catalog's documents and drives the runtime.
 
+mod accept;
 mod admin;
+#[cfg(feature = "console")]
+pub(crate) mod console;
 mod documents;
 pub(crate) mod error;
 #[cfg(feature = "events")]
@@ -11,6 +14,7 @@ mod executions;
 mod health;
 mod metrics;
 mod openapi;
+mod requester;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +95,8 @@ pub(crate) fn router(
         .merge(metrics.unwrap_or_default());
     #[cfg(feature = "events")]
     let router = router.merge(events::router(events));
+    #[cfg(feature = "console")]
+    let router = router.merge(console::router());
     let mut router = router.method_not_allowed_fallback(method_not_allowed);
     let mut owned = vec!["/agent", "/agent/{*rest}", "/.well-known/agent/{*rest}"];
     if mcp {
@@ -100,6 +106,11 @@ pub(crate) fn router(
         router = router.route(path, any(route_not_found));
     }
     router
+}
+
+/// Whether `path` is one of the console's files: the same bytes for everyone, from memory.
+pub(crate) fn is_console(path: &str) -> bool {
+    cfg!(feature = "console") && path.starts_with(paths::CONSOLE.trim_end_matches('/'))
 }
 
 /// The JSON 404 of carmy's paths, and of every path when carmy owns the server.
@@ -134,7 +145,7 @@ async fn empty_body(body: axum::body::Body, what: &str) -> Result<(), ToolError>
     }
 }
 
-async fn method_not_allowed() -> ToolError {
+pub(crate) async fn method_not_allowed() -> ToolError {
     ToolError::validation(
         codes::METHOD_NOT_ALLOWED,
         "method not allowed on this route",

@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::execute::{self, ExecuteState};
+use super::requester::requester;
 use crate::runtime::{self, Call};
 use crate::settings::{Current, Settings};
 use crate::tool_error::ToolError;
@@ -43,6 +44,7 @@ pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Reques
             arguments,
             request_id,
             principal: execute::caller(&parts),
+            requester: requester(&parts.headers)?,
             catalog: execute::catalog_of(&parts, &state.current),
         })
     };

@@ -18,7 +18,7 @@ use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
 use super::tools::{self, LIST_TTL_MS};
-use crate::context::{Event, EventReceiver, event_channel};
+use crate::context::{Event, EventReceiver, Requester, event_channel};
 use crate::executions::{self, RETRY_AFTER};
 use crate::idempotency::{Cancellation, ExecutionStatus};
 use crate::principal::Principal;
@@ -200,6 +200,8 @@ impl McpHandler {
             arguments: Value::Object(request.arguments.unwrap_or_default()),
             request_id,
             principal,
+            // MCP is spoken by agents' hosts only.
+            requester: Requester::Agent,
         };
         let structured = settings
             .catalog

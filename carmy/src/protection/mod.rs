@@ -21,7 +21,7 @@ use tower::{Layer, Service};
 use tower_http::cors::{Cors, CorsLayer};
 
 use crate::auth::{self, Authenticator};
-use crate::http::{METRICS_PATH, is_probe};
+use crate::http::{METRICS_PATH, is_console, is_probe};
 use crate::principal::{Principal, TrustLevel};
 use crate::settings::Current;
 use crate::telemetry::Metrics;
@@ -177,9 +177,9 @@ impl Protection {
         let (mut parts, body) = request.into_parts();
         let principal = auth::principal_of(&parts, self.authenticator.as_deref()).await?;
         // Probes (`/agent/health…`) and scrapes spend no budget: an orchestrator polls them all
-        // day.
+        // day. Nor do the console's files: the same bytes for everyone, from memory.
         let path = parts.uri.path();
-        let unmetered = is_probe(path) || path == METRICS_PATH;
+        let unmetered = is_probe(path) || path == METRICS_PATH || is_console(path);
         let limit = self.limits[principal.trust().index()].filter(|_| !unmetered);
         if let Some(limit) = limit {
             let key = self.rate_key(&principal, &parts.headers, &parts.extensions);
@@ -244,12 +244,12 @@ async fn guard_request(
     };
     let headers = response.headers_mut();
     headers.insert(CARMY_VERSION.clone(), SERVED_VERSION.clone());
+    // A route that set its own (the console's policy) keeps it.
     if protection.security_headers {
         for &(name, value) in SECURITY_HEADERS {
-            headers.insert(
-                HeaderName::from_static(name),
-                HeaderValue::from_static(value),
-            );
+            headers
+                .entry(HeaderName::from_static(name))
+                .or_insert_with(|| HeaderValue::from_static(value));
         }
     }
     response

@@ -24,7 +24,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::catalog::Catalog;
-use crate::context::{Context, Event, EventReceiver, EventSender, journal_channel};
+use crate::context::{Context, Event, EventReceiver, EventSender, Requester, journal_channel};
 use crate::error::Error;
 use crate::health::Health;
 use crate::idempotency::{
@@ -94,6 +94,7 @@ pub(crate) struct Call {
     /// Already checked with [`check_request_id`].
     pub(crate) request_id: Option<String>,
     pub(crate) principal: Principal,
+    pub(crate) requester: Requester,
 }
 
 /// How a call was answered.
@@ -189,6 +190,7 @@ struct Prepared {
     arguments: Arc<Value>,
     request_id: Option<String>,
     principal: Principal,
+    requester: Requester,
     idempotency: Option<(IdempotencyKey, Fingerprint)>,
     deadline: Instant,
     /// The execution is kept for its caller (`protocol.md` §9).
@@ -510,6 +512,7 @@ impl Runtime {
             arguments,
             request_id,
             principal,
+            requester,
         } = call;
         let Some(entry) = catalog.get_visible(&tool, principal.trust()) else {
             let error = tool_not_found(&catalog, &tool, principal.trust());
@@ -565,6 +568,7 @@ impl Runtime {
             arguments: Arc::new(arguments),
             request_id,
             principal,
+            requester,
             idempotency,
             deadline: Instant::now() + timeout,
             kept,
@@ -849,6 +853,7 @@ impl Runtime {
             prepared.execution_id.clone(),
             prepared.request_id.clone(),
             prepared.principal.clone(),
+            prepared.requester,
             token.clone(),
             events.cloned(),
             self.health.clone(),

@@ -1,5 +1,6 @@
-//! `cargo run -p shop`: serves the shop on 127.0.0.1:3000 (`CARMY_ADDR` overrides it), carmy/1
-//! and MCP at `/mcp`. `cargo run -p shop -- mcp`: serves MCP on stdin and stdout instead.
+//! `cargo run -p shop`: serves the shop on 127.0.0.1:3000 (`CARMY_ADDR` overrides it), carmy/1,
+//! MCP at `/mcp`, and the console for people at `/` and `/agent/console/`.
+//! `cargo run -p shop -- mcp`: serves MCP on stdin and stdout instead.
 //!
 //! Idempotency records live where `CARMY_IDEMPOTENCY_URL` says (`postgres://…`, `redis://…`,
 //! `file:PATH`), in memory when it is unset; a store that cannot be reached stops the start.
@@ -29,9 +30,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::path::PathBuf::from,
     );
     // Reloaded while serving: on SIGHUP, when the file changes, on POST /agent/admin/reload.
+    // The host owns `/`: the shop serves carmy's console there too, for people.
     let app = shop::app()
         .idempotency_store(store)
-        .config_file(&config_path)?;
+        .config_file(&config_path)?
+        .merge(axum::Router::new().route("/", axum::routing::get(carmy::console::page)));
     // The program decides its transport: `shop mcp` is for desktop hosts that start it.
     if std::env::args().nth(1).as_deref() == Some("mcp") {
         app.serve_stdio().await?;
