@@ -171,6 +171,11 @@ class Server:
         status = Path(f"/proc/{self.process.pid}/status").read_text()
         return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
 
+    def cpu_seconds(self):
+        """User and system time the server has used so far (`/proc/PID/stat`, fields 14–15)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self):
         self.process.send_signal(signal.SIGKILL)
         self.process.wait()
@@ -180,15 +185,18 @@ class Server:
 def wrk(method, path, body, headers, seconds):
     env = dict(os.environ, BENCH_METHOD=method, BENCH_PATH=path, BENCH_HEADERS=headers)
     if body is not None:
-        env["BENCH_BODY"] = body
+        # a `{id}` unique to this run too: a shared store keeps the records of earlier runs
+        env["BENCH_BODY"] = body.replace("{id}", f"{time.time_ns()}-{{id}}")
     output = subprocess.run(
         ["taskset", "-c", "1", "wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency",
          "-s", str(LUA), f"http://127.0.0.1:{PORT}{path}"],
         env=env, check=True, capture_output=True, text=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
+    requests = int(re.search(r"(\d+) requests in", output).group(1))
     latency = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", output, re.M))
     non2xx = int(re.search(r"non2xx: (\d+)", output).group(1))
-    return {"rps": rps, "p50": to_ms(latency["50"]), "p99": to_ms(latency["99"]), "non2xx": non2xx}
+    return {"rps": rps, "requests": requests, "p50": to_ms(latency["50"]), "p99": to_ms(latency["99"]),
+            "non2xx": non2xx}
 
 
 def to_ms(text):
@@ -244,20 +252,25 @@ def measure(args):
                     if EXECUTION in path:
                         path = path.replace(EXECUTION, started_execution())
                     wrk(method, path, body, headers, 1)  # warm-up
+                    cpu_before = server.cpu_seconds()
                     result = wrk(method, path, body, headers, args.seconds)
+                    # server CPU per answered request, in microseconds
+                    result["cpu"] = (server.cpu_seconds() - cpu_before) * 1e6 / max(result["requests"], 1)
                     result["rss"] = server.peak_rss_mib()
                 finally:
                     server.stop()
                 results.setdefault((scenario, target), []).append(result)
                 print(f"round {round_index + 1} {scenario:32} {target:10} {result['rps']:>10.0f} req/s "
-                      f"p50 {result['p50']:.2f} ms p99 {result['p99']:.2f} ms rss {result['rss']:.1f} MiB "
+                      f"p50 {result['p50']:.2f} ms p99 {result['p99']:.2f} ms cpu {result['cpu']:.1f} µs "
+                      f"rss {result['rss']:.1f} MiB "
                       f"non-2xx {result['non2xx']}", file=sys.stderr)
     return table, results
 
 
 def report_http(table, results):
-    lines = ["| scenario | server | req/s | ×baseline | p50 ms | p99 ms | peak RSS MiB | ×baseline RSS | non-2xx |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| scenario | server | req/s | ×baseline | CPU µs/req | ×baseline CPU | p50 ms | p99 ms | "
+             "peak RSS MiB | ×baseline RSS | non-2xx |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for scenario, targets in table.items():
         # ratios per round, against the baseline of the same round, then the median
         base = results[(scenario, "baseline")]
@@ -266,7 +279,10 @@ def report_http(table, results):
             median = lambda key: statistics.median(run[key] for run in runs)
             ratio = statistics.median(run["rps"] / b["rps"] for run, b in zip(runs, base))
             rss_ratio = statistics.median(run["rss"] / b["rss"] for run, b in zip(runs, base))
-            lines.append(f"| {scenario} | {target} | {median('rps'):,.0f} | {ratio:.2f} | {median('p50'):.2f} | "
+            # ≥ 1 is better: the baseline's CPU per request over this server's
+            cpu_ratio = statistics.median(b["cpu"] / run["cpu"] for run, b in zip(runs, base))
+            lines.append(f"| {scenario} | {target} | {median('rps'):,.0f} | {ratio:.2f} | {median('cpu'):.1f} | "
+                         f"{cpu_ratio:.2f} | {median('p50'):.2f} | "
                          f"{median('p99'):.2f} | {median('rss'):.1f} | {rss_ratio:.2f} | {sum(r['non2xx'] for r in runs)} |")
     return "\n".join(lines)
 

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use axum::response::IntoResponse;
 
 use crate::auth::Authenticator;
 use crate::catalog::Catalog;
@@ -25,7 +24,6 @@ use crate::serve::{self, Server};
 use crate::settings::{Base, Current};
 use crate::state::StateMap;
 use crate::tool::{self, ToolDescriptor};
-use crate::tool_error::ToolError;
 
 /// Starts an app with every tool registered by `#[carmy::tool]` in the program.
 ///
@@ -439,49 +437,52 @@ impl App {
         let started = self.start()?;
         started.reloader.watch();
         let current = &started.current;
-        let router = protection::guard(
+        let router = http::router(
+            Arc::clone(&started.runtime),
+            started.reloader,
             current,
-            http::router(
-                Arc::clone(&started.runtime),
-                started.reloader,
-                current,
-                &http,
-                cfg!(feature = "mcp"),
-                #[cfg(feature = "events")]
-                Arc::clone(&started.events),
-            ),
-            <ToolError as IntoResponse>::into_response,
+            &http,
+            cfg!(feature = "mcp"),
+            #[cfg(feature = "events")]
+            Arc::clone(&started.events),
         );
         #[cfg(feature = "mcp")]
-        let router = router.merge(protection::guard(
-            current,
-            mcp::router(
-                McpHandler::new(
-                    &started.name,
-                    Arc::clone(&started.runtime),
-                    Arc::clone(current),
-                    mcp.stdio_principal.clone(),
-                ),
-                http.keep_alive,
-                started.runtime.shutdown_token(),
+        let router = router.merge(mcp::router(
+            McpHandler::new(
+                &started.name,
+                Arc::clone(&started.runtime),
+                Arc::clone(current),
+                mcp.stdio_principal.clone(),
             ),
-            |error| mcp::refusal(&error),
+            http.keep_alive,
+            started.runtime.shutdown_token(),
         ));
-        // Outside the gate, so refusals are measured and traced too; inside the routes, so
-        // the route template is known.
-        let router = router.layer(axum::middleware::from_fn_with_state(
-            started.runtime.metrics().cloned(),
-            http::observe,
-        ));
-        // One deadline for each request body, from the end of its head.
-        let router = router.layer(tower_http::timeout::RequestBodyDeadlineLayer::new(
-            http.body_timeout,
-        ));
+        // One stack, applied once: each `Router::layer` boxes every route again, and a request
+        // clones every box of its route on the way in. Outermost first: CORS; one deadline for
+        // each request body, from the end of its head; the observation, outside the gate so
+        // refusals are measured and traced too (inside the routes, so the route template is
+        // known); the gate, which attaches the configuration snapshot and the caller.
+        let router = router.layer(
+            tower::ServiceBuilder::new()
+                .layer(protection::cors(current))
+                .layer(tower_http::timeout::RequestBodyDeadlineLayer::new(
+                    http.body_timeout,
+                ))
+                .map_request(|request: axum::http::Request<_>| request.map(axum::body::Body::new))
+                .layer(axum::middleware::from_fn_with_state(
+                    started.runtime.metrics().cloned(),
+                    http::observe,
+                ))
+                .layer(axum::middleware::from_fn_with_state(
+                    Arc::clone(current),
+                    protection::guard,
+                )),
+        );
         Ok(Built {
             // Merged only when there are some: a merge drops the fallback the layers wrap.
             router: match routes {
-                Some(routes) => protection::cors(current, router).merge(routes),
-                None => protection::cors(current, router),
+                Some(routes) => router.merge(routes),
+                None => router,
             },
             runtime: started.runtime,
             current: started.current,

@@ -140,6 +140,31 @@ async fn a_file_renamed_over_the_old_one_applies_by_itself() {
     .await;
 }
 
+/// inotify reports opening and reading the file as events on it, the reload's own read
+/// included: a file nobody changes is read again at most once after someone reads it, never in
+/// a loop (each reload causing the next, as it once did: the file read several times a second
+/// for as long as the server ran).
+#[tokio::test]
+async fn reading_the_file_does_not_reload_it_again_and_again() {
+    let file = ConfigFile::new("reads", &tokens());
+    let app = app_with(&file, &Probe::default());
+    let reloads = app.reloads();
+    let _router = app.router().unwrap();
+    for _ in 0..3 {
+        std::fs::read(&file.path).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Long enough for a dozen debounced rounds (250 ms each) if every read caused another.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let counts = reloads.counts();
+    assert!(counts.unchanged <= 1, "{counts:?}");
+    assert_eq!(counts.applied + counts.failed + counts.restart_required, 0);
+    // A real change still applies.
+    file.replace(&tokens_and_new());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(reloads.counts().applied, 1, "{:?}", reloads.counts());
+}
+
 #[cfg(unix)]
 #[tokio::test]
 async fn a_kubernetes_configmap_symlink_swap_applies_by_itself() {

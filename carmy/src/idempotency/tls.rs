@@ -23,22 +23,29 @@ pub(crate) fn provider() -> Arc<CryptoProvider> {
 }
 
 /// The platform's root certificates; finding none is an error, as nothing could be verified.
+/// Read from disk once per process: every configuration build (each reload) shares them.
 #[cfg(any(feature = "postgres", feature = "events"))]
-pub(crate) fn native_roots() -> Result<RootCertStore, NoNativeRoots> {
-    let found = rustls_native_certs::load_native_certs();
-    let mut roots = RootCertStore::empty();
-    roots.add_parsable_certificates(found.certs);
-    if roots.is_empty() {
-        return Err(NoNativeRoots {
-            errors: found.errors.len(),
-        });
-    }
-    Ok(roots)
+pub(crate) fn native_roots() -> Result<Arc<RootCertStore>, NoNativeRoots> {
+    static ROOTS: std::sync::OnceLock<Result<Arc<RootCertStore>, NoNativeRoots>> =
+        std::sync::OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            let found = rustls_native_certs::load_native_certs();
+            let mut roots = RootCertStore::empty();
+            roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                return Err(NoNativeRoots {
+                    errors: found.errors.len(),
+                });
+            }
+            Ok(Arc::new(roots))
+        })
+        .clone()
 }
 
 /// No usable root certificate on this system.
 #[cfg(any(feature = "postgres", feature = "events"))]
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("no root certificates found on this system ({errors} errors)")]
 pub(crate) struct NoNativeRoots {
     /// How many certificate sources failed to load.
@@ -85,7 +92,7 @@ mod verify {
             .with_no_client_auth())
     }
 
-    fn roots(pem: &[u8]) -> Result<RootCertStore, StoreError> {
+    fn roots(pem: &[u8]) -> Result<Arc<RootCertStore>, StoreError> {
         if pem.is_empty() {
             return native_roots().map_err(|none| {
                 StoreError::message(format!("{none}; give them with `sslrootcert=PATH`"))
@@ -100,7 +107,7 @@ mod verify {
                 "the root certificates given hold no PEM certificate",
             ));
         }
-        Ok(roots)
+        Ok(Arc::new(roots))
     }
 
     /// Accepts any certificate, still checking that the server holds its key.

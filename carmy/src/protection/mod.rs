@@ -9,12 +9,11 @@ mod redis;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header::ORIGIN;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
-use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use futures_util::future::Either;
 use serde_json::json;
 use tower::{Layer, Service};
@@ -54,6 +53,16 @@ const SECURITY_HEADERS: &[(&str, &str)] = &[
 /// Renders a refusal in a transport's own error shape.
 type Refuse = fn(ToolError) -> Response;
 
+/// MCP's JSON-RPC error under `/mcp`, carmy/1's error envelope everywhere else.
+fn refusal_for(path: &str) -> Refuse {
+    #[cfg(feature = "mcp")]
+    if path == crate::wire::paths::MCP || path.starts_with("/mcp/") {
+        return |error| crate::mcp::refusal(&error);
+    }
+    let _ = path;
+    <ToolError as IntoResponse>::into_response
+}
+
 /// How requests are admitted; set through the [`App`](crate::App) builder or `carmy.toml`.
 #[derive(Clone)]
 pub(crate) struct Protection {
@@ -86,23 +95,13 @@ impl Default for Protection {
     }
 }
 
-/// Wraps every route of `router` in the checks of the configuration in force, whose snapshot
-/// each request then carries to its route; `refuse` renders a refusal in the transport's own
-/// error shape.
-pub(crate) fn guard(current: &Current, router: Router, refuse: Refuse) -> Router {
-    router.layer(middleware::from_fn_with_state(
-        (Arc::clone(current), refuse),
-        guard_request,
-    ))
-}
-
 /// Answers browser preflights and adds CORS headers for the origins of the configuration in
 /// force (none allowed while the list is empty).
-pub(crate) fn cors(current: &Current, router: Router) -> Router {
-    router.layer(CorsWhenAllowed {
+pub(crate) fn cors(current: &Current) -> CorsWhenAllowed {
+    CorsWhenAllowed {
         current: Arc::clone(current),
         cors: Arc::new(cors_layer(Arc::clone(current))),
-    })
+    }
 }
 
 /// CORS only for a request that carries an `Origin` while origins are configured: any other
@@ -111,7 +110,7 @@ pub(crate) fn cors(current: &Current, router: Router) -> Router {
 /// cross-origin request, so the route services axum clones for every request carry no copy
 /// of the CORS settings.
 #[derive(Clone)]
-struct CorsWhenAllowed {
+pub(crate) struct CorsWhenAllowed {
     current: Current,
     cors: Arc<CorsLayer>,
 }
@@ -129,7 +128,7 @@ impl<S: Clone> Layer<S> for CorsWhenAllowed {
 }
 
 #[derive(Clone)]
-struct CorsWhenAllowedService<S> {
+pub(crate) struct CorsWhenAllowedService<S> {
     current: Current,
     plain: S,
     cors: Arc<CorsLayer>,
@@ -228,16 +227,18 @@ impl Protection {
     }
 }
 
-/// The one read of the configuration a request makes: admission, the route and the response
-/// headers all see this snapshot.
-async fn guard_request(
-    State((current, refuse)): State<(Current, Refuse)>,
+/// The gate every route sits behind: the one read of the configuration a request makes
+/// (admission, the route and the response headers all see this snapshot), then admission, whose
+/// refusal is rendered in the transport's own error shape.
+pub(crate) async fn guard(
+    State(current): State<Current>,
     mut request: Request,
     next: Next,
 ) -> Response {
     let settings = current.load_full();
     request.extensions_mut().insert(Arc::clone(&settings));
     let protection = &settings.protection;
+    let refuse = refusal_for(request.uri().path());
     let mut response = match protection.admit(request).await {
         Ok(request) => next.run(request).await,
         Err(error) => refuse(error),

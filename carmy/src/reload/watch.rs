@@ -80,17 +80,56 @@ fn on_change(reloader: Weak<Reloader>, source: &Path) -> Option<JoinHandle<()>> 
             tracing::warn!(%error, directory = %directory.display(), "configuration file not watched");
         })
         .ok()?;
+    let source = source.to_owned();
     Some(tokio::spawn(async move {
         // Dropping the debouncer (when this task ends) stops the watch.
         let _watcher = watcher;
+        let mut last = None;
         loop {
             changed.notified().await;
+            // inotify reports the reload's own open and read of the file as events on it: a
+            // file whose stamp has not changed since the last reload is not read again, or
+            // every reload would cause the next.
+            let now = Stamp::of(&source);
+            if now.is_some() && now == last {
+                continue;
+            }
+            last = now;
             let Some(reloader) = reloader.upgrade() else {
                 return;
             };
             let _ = reloader.reload(Trigger::File);
         }
     }))
+}
+
+/// What identifies a version of the file without opening it: where it lives (a rename or a
+/// symlink swap changes it), its size, and when it and its metadata last changed.
+#[derive(Debug, PartialEq, Eq)]
+struct Stamp {
+    #[cfg(unix)]
+    device_and_inode: (u64, u64),
+    #[cfg(unix)]
+    changed: (i64, i64),
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Stamp {
+    /// `None` when the file cannot be looked at: a reload then says why.
+    fn of(path: &Path) -> Option<Self> {
+        let metadata = std::fs::metadata(path).ok()?;
+        #[cfg(unix)]
+        use std::os::unix::fs::MetadataExt as _;
+        Some(Stamp {
+            #[cfg(unix)]
+            device_and_inode: (metadata.dev(), metadata.ino()),
+            #[cfg(unix)]
+            changed: (metadata.ctime(), metadata.ctime_nsec()),
+            len: metadata.len(),
+            modified: metadata.modified().ok(),
+        })
+    }
 }
 
 fn watch<W: notify::Watcher>(
