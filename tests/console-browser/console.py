@@ -1,12 +1,14 @@
 """The console in a real browser: Playwright for Python driving Debian's chromium.
 
-    console.py BASE_URL SCREENSHOT_DIR
+    console.py BASE_URL SCREENSHOT_DIR SHAPES_URL
 
-BASE_URL serves the shop example with its demo tokens (tests/integration/console.rs starts
-it on loopback). Every check raises on failure; the script gives up after 150 s. Screenshots
+BASE_URL serves the shop example with its demo tokens, SHAPES_URL an app whose one tool,
+`ship`, takes every shape of input the form builds (tests/integration/console.rs starts both
+on loopback). Every check raises on failure; the script gives up after 180 s. Screenshots
 of the console, light and dark, wide and at 375 px, are written to SCREENSHOT_DIR.
 """
 
+import json
 import os
 import re
 import signal
@@ -18,6 +20,7 @@ from playwright.sync_api import expect, sync_playwright
 
 BASE = sys.argv[1].rstrip("/")
 SHOTS = Path(sys.argv[2])
+SHAPES = sys.argv[3].rstrip("/")
 CHROMIUM = os.environ.get("CARMY_CHROMIUM", "/usr/bin/chromium")
 AXE = Path(__file__).parent / "node_modules" / "axe-core" / "axe.min.js"
 KNOWN_TOKEN = "shop-known-demo-token"
@@ -32,14 +35,14 @@ EXPECTED_FAILURES = {
     ("GET", "/agent/events/subscriptions", 404),
 }
 
-signal.alarm(150)
+signal.alarm(180)
 
 
 class Watch:
     """Everything the page must not do: leave the origin, log an error, break its CSP."""
 
-    def __init__(self, page):
-        self.origin = urlsplit(BASE)[:2]
+    def __init__(self, page, base=BASE):
+        self.origin = urlsplit(base)[:2]
         self.foreign = []
         self.errors = []
         self.failed = []
@@ -275,6 +278,60 @@ def narrow(browser, scheme):
     context.close()
 
 
+def every_shape(browser):
+    """An enum as a select, a boolean, an array of objects, a nested object, optional fields:
+    the form sends exactly the JSON they describe, and a nested field's error lands on it."""
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    page = context.new_page()
+    watch = Watch(page, SHAPES)
+    page.goto(f"{SHAPES}/agent/console/#/tools/ship")
+    expect(page.get_by_role("heading", level=2, name="ship")).to_be_visible()
+    size = page.get_by_label("size", exact=True)
+    expect(size.locator("option")).to_have_text(["Choose…", "small", "large"])
+    size.select_option("large")
+    page.get_by_label("gift", exact=True).check()
+    page.get_by_role("button", name="Add lines item").click()
+    page.get_by_role("button", name="Add lines item").click()
+    lines = page.locator("fieldset", has=page.locator("legend", has_text="lines")).first
+    items = lines.locator(".item")
+    expect(items).to_have_count(2)
+    items.nth(0).get_by_label("sku", exact=True).fill("A-1")
+    items.nth(0).get_by_label("quantity", exact=True).fill("2")
+    items.nth(1).get_by_label("sku", exact=True).fill("B-2")
+    items.nth(1).get_by_label("quantity", exact=True).fill("3")
+    page.get_by_label("city", exact=True).fill("Lisbon")
+    # optional: a three-way choice for the boolean, nothing sent for the empty text
+    expect(page.get_by_label("signature", exact=True).locator("option")).to_have_text(
+        ["(none)", "true", "false"])
+    page.get_by_label("signature", exact=True).select_option("false")
+    page.get_by_role("button", name="Run", exact=True).click()
+    result = page.get_by_label("Result")
+    expect(result).to_contain_text('"city"')
+    sent = json.loads(result.inner_text())
+    assert sent == {
+        "size": "large", "gift": True,
+        "lines": [{"sku": "A-1", "quantity": 2}, {"sku": "B-2", "quantity": 3}],
+        "address": {"city": "Lisbon"}, "signature": False,
+    }, sent
+
+    # Removing an item, then a bad quantity in a nested object: the error is on that field.
+    items.nth(0).get_by_role("button", name="Remove").click()
+    expect(items).to_have_count(1)
+    items.nth(0).get_by_label("quantity", exact=True).fill("0")
+    page.get_by_role("button", name="Run", exact=True).click()
+    quantity = items.nth(0).get_by_label("quantity", exact=True)
+    expect(quantity).to_have_attribute("aria-invalid", "true")
+    expect(items.nth(0).locator(".field-error")).to_contain_text("minimum of 1")
+    axe_scan(page, "every shape")
+    page.screenshot(path=SHOTS / "console-shapes.png", full_page=True)
+    # The JSON mode starts from what the form holds.
+    page.get_by_role("button", name="JSON", exact=True).click()
+    typed = json.loads(page.get_by_label("arguments", exact=True).input_value())
+    assert typed["lines"] == [{"sku": "B-2", "quantity": 0}], typed
+    watch.check(page, "every shape")
+    context.close()
+
+
 def main():
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
@@ -283,6 +340,7 @@ def main():
             run_scenario(browser, scheme)
             narrow(browser, scheme)
         keyboard_only(browser)
+        every_shape(browser)
         browser.close()
     print(f"console: every check passed; screenshots in {SHOTS}")
 

@@ -11,8 +11,9 @@ use std::path::PathBuf;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use carmy::protection::RateLimit;
-use carmy::{Context, Requester, ToolError, TrustLevel};
+use carmy::{Context, JsonSchema, Requester, ToolError, TrustLevel};
 use carmy_tests::{Answer, Server, get, send};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 const CHROMIUM_ACCEPT: &str = "text/html,application/xhtml+xml,application/xml;q=0.9,\
@@ -315,6 +316,59 @@ async fn a_host_serves_the_page_at_its_own_address() {
     assert_eq!(send(&router, head).await.status, StatusCode::OK);
 }
 
+/// How big a parcel is.
+#[derive(Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+enum Size {
+    Small,
+    Large,
+}
+
+/// One line of a shipment.
+#[derive(Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    /// The product.
+    sku: String,
+    /// Units of it.
+    #[schemars(range(min = 1, max = 99))]
+    quantity: u32,
+}
+
+/// Where it goes.
+#[derive(Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Address {
+    city: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    zip: Option<String>,
+}
+
+/// A shipment: every shape the console's form builds.
+#[derive(Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Shipment {
+    /// How big the parcel is.
+    size: Size,
+    /// Wrapped as a gift.
+    gift: bool,
+    /// What is in it.
+    lines: Vec<Line>,
+    address: Address,
+    /// Said to the courier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+    /// Signed for on delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    signature: Option<bool>,
+}
+
+/// Echo a shipment back.
+#[carmy::tool(effect = "none", register = false)]
+async fn ship(input: Shipment) -> Result<Shipment, ToolError> {
+    Ok(input)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_console_in_a_real_browser() {
     let Some(python) = carmy_tests::server_url("CARMY_CONSOLE_PYTHON") else {
@@ -333,12 +387,20 @@ async fn the_console_in_a_real_browser() {
         .router()
         .unwrap();
     let server = Server::start(router).await;
+    // A second app whose one tool takes every shape of input the form builds.
+    let shapes = Server::start(carmy::App::new().tool(ship::TOOL).router().unwrap()).await;
     let screenshots = workspace.join("target/console-screenshots");
     let script = workspace.join("tests/console-browser/console.py");
     let base = format!("http://{}", server.addr);
+    let shapes_base = format!("http://{}", shapes.addr);
     carmy_tests::run_to_success(
         python,
-        &[script.as_os_str(), base.as_ref(), screenshots.as_os_str()],
+        &[
+            script.as_os_str(),
+            base.as_ref(),
+            screenshots.as_os_str(),
+            shapes_base.as_ref(),
+        ],
         &workspace,
     )
     .await;
