@@ -69,11 +69,16 @@ def scenarios(etags):
             "baseline": execute(CREATE), "carmy": execute(CREATE), "carmy 0.6": execute(CREATE),
             # the shipped example counts `/metrics`; the same build with them off
             "carmy, metrics off": execute(CREATE),
-            "rmcp": ("POST", "/mcp", mcp_call("create_order", {"sku": "KB-01"}), mcp_headers("create_order")),
+        },
+        # MCP tools/call, stateless (2026-07-28): the example's `/mcp` against the official SDK's
+        # server with the same tool (the baseline serves carmy/1: only the round's reference)
+        "MCP tools/call create_order": {
+            "baseline": execute(CREATE),
+            **{target: ("POST", "/mcp", mcp_call("create_order", {"sku": "KB-01"}), mcp_headers("create_order"))
+               for target in ("carmy", "rmcp")},
         },
         "execute list_products": {
             "baseline": execute(LIST), "carmy": execute(LIST), "carmy 0.6": execute(LIST),
-            "rmcp": ("POST", "/mcp", mcp_call("list_products", {}), mcp_headers("list_products")),
         },
         "execute, fresh request_id": {
             "baseline": execute(CREATE_FRESH), "carmy": execute(CREATE_FRESH), "carmy 0.6": execute(CREATE_FRESH),

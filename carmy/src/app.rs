@@ -459,9 +459,9 @@ impl App {
         ));
         // One stack, applied once: each `Router::layer` boxes every route again, and a request
         // clones every box of its route on the way in. Outermost first: CORS; one deadline for
-        // each request body, from the end of its head; the observation, outside the gate so
-        // refusals are measured and traced too (inside the routes, so the route template is
-        // known); the gate, which attaches the configuration snapshot and the caller.
+        // each request body, from the end of its head; the observation (inside the routes, so
+        // the route template is known) around the gate, which attaches the configuration
+        // snapshot and the caller.
         let router = router.layer(
             tower::ServiceBuilder::new()
                 .layer(protection::cors(current))
@@ -470,12 +470,11 @@ impl App {
                 ))
                 .map_request(|request: axum::http::Request<_>| request.map(axum::body::Body::new))
                 .layer(axum::middleware::from_fn_with_state(
-                    started.runtime.metrics().cloned(),
+                    http::Observed {
+                        metrics: started.runtime.metrics().cloned(),
+                        current: Arc::clone(current),
+                    },
                     http::observe,
-                ))
-                .layer(axum::middleware::from_fn_with_state(
-                    Arc::clone(current),
-                    protection::guard,
                 )),
         );
         Ok(Built {

@@ -28,6 +28,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
+use crate::protection::PeerKey;
 use crate::runtime::Runtime;
 
 /// The longest head timeout accepted: a slow head holds a connection slot.
@@ -353,6 +354,7 @@ impl Connection {
         let service = ConnectionService {
             router: self.router,
             peer,
+            peer_key: PeerKey::of(peer.ip()),
             activity: Arc::clone(&activity),
         };
         let connection = watcher.watch(
@@ -425,12 +427,13 @@ async fn expiry(activity: &Activity, head: Duration, idle: Duration) {
     }
 }
 
-/// The router, for one connection: adds the peer address (`ConnectInfo`) and counts the
-/// requests in flight, each until its response body is done.
+/// The router, for one connection: adds the peer address (`ConnectInfo`, and its rate-limit
+/// key) and counts the requests in flight, each until its response body is done.
 #[derive(Clone)]
 struct ConnectionService {
     router: Router,
     peer: SocketAddr,
+    peer_key: PeerKey,
     activity: Arc<Activity>,
 }
 
@@ -443,6 +446,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
 
     fn call(&self, mut request: Request<Incoming>) -> Self::Future {
         request.extensions_mut().insert(ConnectInfo(self.peer));
+        request.extensions_mut().insert(self.peer_key.clone());
         let in_flight = InFlight::start(&self.activity);
         let response = tower::ServiceExt::oneshot(self.router.clone(), request);
         Box::pin(async move {

@@ -234,3 +234,55 @@ async fn the_file_store_remembers_across_a_crash_and_restart() {
     drop(restarted);
     let _ = std::fs::remove_file(&path);
 }
+
+/// Group commit keeps its promise under load: with 200 calls in flight (their writes sharing
+/// transactions), the process is killed; after a restart, every call that was answered
+/// replays its answer and ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_store_keeps_every_answered_call_of_a_crash_under_load() {
+    let Some(postgres) = server_url("CARMY_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let path = std::env::temp_dir().join(format!("carmy-{}-group.redb", run_id()));
+    let store_url = format!("file:{}", path.display());
+    let replica = Replica::start(&store_url, &postgres).await;
+    let (answered, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    let addr = replica.addr;
+    let calls: Vec<_> = (0..200)
+        .map(|index| {
+            let marker = format!("{}-group-{index}", run_id());
+            let answered = answered.clone();
+            tokio::spawn(async move {
+                let answer = execute_at(addr, &call(&marker, &marker, 0)).await;
+                if answer.status == StatusCode::OK {
+                    let _ = answered.send((marker, answer.body));
+                }
+            })
+        })
+        .collect();
+    // Killed while the calls are still coming in.
+    let mut before_the_crash = Vec::new();
+    while before_the_crash.len() < 50 {
+        before_the_crash.push(answers.recv().await.expect("calls are answered"));
+    }
+    replica.kill().await;
+    for call in calls {
+        // A call cut off by the crash fails in its client: it was never answered.
+        let _ = call.await;
+    }
+    drop(answered);
+    while let Some(answer) = answers.recv().await {
+        before_the_crash.push(answer);
+    }
+
+    let restarted = Replica::start(&store_url, &postgres).await;
+    for (marker, body) in &before_the_crash {
+        let replay = execute_at(restarted.addr, &call(marker, marker, 0)).await;
+        assert_eq!(replay.status, StatusCode::OK, "{}", replay.json());
+        assert_eq!(replay.header("carmy-replayed"), Some("true"), "{marker}");
+        assert_eq!(&replay.body, body, "{marker}");
+        assert_eq!(effects(&postgres, marker).await, 1, "{marker} ran once");
+    }
+    drop(restarted);
+    let _ = std::fs::remove_file(&path);
+}

@@ -1,6 +1,6 @@
 //! `GET /metrics` (`protocol.md` §11, opt-in): the app's metrics in the Prometheus text format,
 //! or OpenMetrics when the scraper asks for it; and [`observe`], which gives every request its
-//! server span and, with metrics on, its duration.
+//! server span and, with metrics on, its duration, around the protection gate.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,6 +15,8 @@ use axum::routing::get;
 use tracing::Instrument;
 
 use crate::principal::{Principal, TrustLevel};
+use crate::protection;
+use crate::settings::Current;
 use crate::telemetry::{self, Format, Metrics, TraceParent};
 use crate::wire::NO_STORE;
 
@@ -82,18 +84,28 @@ fn negotiate(headers: &HeaderMap) -> Format {
     }
 }
 
+/// What the one middleware of every route needs: the metrics, when on, and the configuration
+/// in force, for the gate.
+#[derive(Clone)]
+pub(crate) struct Observed {
+    pub(crate) metrics: Option<Arc<Metrics>>,
+    pub(crate) current: Current,
+}
+
 /// The server span of every request, child of the caller's `traceparent`; with metrics on,
 /// `http_server_active_requests` and `http_server_request_duration_seconds` (to the response
 /// head: a stream's length is the tool's, not the server's). The route is the matched
-/// template, never the raw path, so no request adds a series.
+/// template, never the raw path, so no request adds a series. Inside, the protection gate:
+/// one middleware rather than two, since each boxes its future and clones the route's service
+/// on every request; refusals are measured and traced too.
 pub(crate) async fn observe(
-    State(metrics): State<Option<Arc<Metrics>>>,
+    State(Observed { metrics, current }): State<Observed>,
     request: Request,
     next: Next,
 ) -> Response {
     let method = method_label(request.method());
-    let route = request.extensions().get::<MatchedPath>().cloned();
-    let route = route.as_ref().map(MatchedPath::as_str);
+    let matched = request.extensions().get::<MatchedPath>().cloned();
+    let route = matched.as_ref().map(MatchedPath::as_str);
     let mut traceparents = request.headers().get_all(&TRACEPARENT).iter();
     // Several `traceparent`s are malformed, as the specification says: a new trace.
     let parent = match (traceparents.next(), traceparents.next()) {
@@ -103,11 +115,13 @@ pub(crate) async fn observe(
     let span = telemetry::server_span(method, route, parent.as_ref());
     let started = Instant::now();
     let active = metrics.as_deref().map(Metrics::http_request);
-    let response = next.run(request).instrument(span.clone()).await;
+    let response = protection::guard(&current, request, next)
+        .instrument(span.clone())
+        .await;
     let status = response.status().as_u16();
     span.record("http.response.status_code", status);
     if let Some(metrics) = &metrics {
-        metrics.http_answered(method, route, status, started.elapsed());
+        metrics.http_answered(method, matched, status, started.elapsed());
     }
     drop(active);
     response

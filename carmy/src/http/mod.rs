@@ -31,7 +31,7 @@ use crate::wire::{codes, paths};
 
 pub(crate) use documents::{Documents, Features};
 pub(crate) use health::is_probe;
-pub(crate) use metrics::{METRICS_PATH, observe};
+pub(crate) use metrics::{METRICS_PATH, Observed, observe};
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
 #[derive(Clone)]

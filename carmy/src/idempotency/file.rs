@@ -1,5 +1,6 @@
 //! Records in an embedded database file (redb): one node, kept across restarts.
 
+mod commit;
 mod outbox;
 
 use std::path::Path;
@@ -12,6 +13,7 @@ use redb::{
     WriteTransaction,
 };
 
+use self::commit::Committer;
 use super::record::{Cleanup, FINISHED, Found, RUNNING, Stored, UNCERTAIN};
 use super::{
     AfterAttempt, Cancellation, ClaimedDelivery, DeliveryAttempt, ExecutionQuery, ExecutionRecord,
@@ -38,6 +40,8 @@ const CLEANUP_EVERY: Duration = Duration::from_secs(60);
 /// survive a restart (the idempotency records do).
 pub struct FileStore {
     database: Arc<Database>,
+    /// The records' writes, committed in batches: concurrent calls share an fsync.
+    committer: Committer,
     executions: ProcessExecutions,
     _cleanup: Cleanup,
 }
@@ -102,6 +106,8 @@ impl FileStore {
         };
         Ok(FileStore {
             executions: ProcessExecutions::new(EXECUTION_BYTES),
+            committer: Committer::start(Arc::clone(&database))
+                .map_err(|error| StoreError(Box::new(error)))?,
             database,
             _cleanup: cleanup,
         })
@@ -135,16 +141,13 @@ impl FileStore {
         .await
     }
 
-    /// [`FileStore::transact`] on the records' table.
+    /// A durable write on the records' table, in a transaction it may share with concurrent
+    /// ones (group commit); `work` may run more than once.
     async fn write<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&mut Table<'_>) -> Result<T, StoreError> + Send + 'static,
+        work: impl FnMut(&mut Table<'_>) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        self.transact(move |transaction| {
-            let mut table = transaction.open_table(RECORDS).map_err(failed)?;
-            work(&mut table)
-        })
-        .await
+        self.committer.write(work).await
     }
 
     /// Runs `work` in a read transaction on a blocking thread.
@@ -346,9 +349,11 @@ impl IdempotencyStore for FileStore {
         lease: Duration,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Reservation, StoreError>> {
-        let (key, fingerprint, execution_id) =
+        let (key, written, execution_id) =
             (key.clone(), fingerprint.clone(), execution_id.to_string());
-        Box::pin(self.write(move |table| {
+        // The write returns what it found; the answer is made here, in the runtime (a running
+        // record's answer holds a timer).
+        let found = self.write(move |table| {
             let now = now_ms();
             let index = (key.caller(), key.request_id());
             let existing = read(table, index)?;
@@ -359,21 +364,20 @@ impl IdempotencyStore for FileStore {
                         .insert(index, record.encode().as_slice())
                         .map_err(failed)?;
                 }
-                let found = Found {
+                return Ok(Some(Found {
                     running_for: Duration::from_millis(now.saturating_sub(record.reserved_at)),
                     tool: record.tool,
                     digest: record.digest,
                     execution_id: record.execution_id,
                     state: record.state,
                     response: record.response,
-                };
-                return found.reservation(&fingerprint);
+                }));
             }
             let lease_until = now.saturating_add(millis(lease));
             let record = Record {
-                tool: fingerprint.tool.to_string(),
-                digest: fingerprint.digest.to_vec(),
-                execution_id,
+                tool: written.tool.to_string(),
+                digest: written.digest.to_vec(),
+                execution_id: execution_id.clone(),
                 state: RUNNING.to_owned(),
                 reserved_at: now,
                 lease_until,
@@ -384,8 +388,14 @@ impl IdempotencyStore for FileStore {
             table
                 .insert(index, record.encode().as_slice())
                 .map_err(failed)?;
-            Ok(Reservation::Reserved)
-        }))
+            Ok(None)
+        });
+        Box::pin(async move {
+            match found.await? {
+                Some(found) => found.reservation(fingerprint),
+                None => Ok(Reservation::Reserved),
+            }
+        })
     }
 
     fn finish<'a>(

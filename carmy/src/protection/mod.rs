@@ -6,10 +6,11 @@ mod rate_limit;
 #[cfg(feature = "redis")]
 mod redis;
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, Request};
 use axum::http::header::ORIGIN;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
@@ -40,13 +41,22 @@ static SERVED_VERSION: HeaderValue = HeaderValue::from_static("1.0");
 const SUPPORTED_MAJORS: &[u64] = &[1];
 
 /// The headers of `security_headers`: no sniffing, no framing, no referrer, no active content.
-const SECURITY_HEADERS: &[(&str, &str)] = &[
-    ("x-content-type-options", "nosniff"),
-    ("x-frame-options", "DENY"),
-    ("referrer-policy", "no-referrer"),
+static SECURITY_HEADERS: [(HeaderName, HeaderValue); 4] = [
     (
-        "content-security-policy",
-        "default-src 'none'; frame-ancestors 'none'",
+        HeaderName::from_static("x-content-type-options"),
+        HeaderValue::from_static("nosniff"),
+    ),
+    (
+        HeaderName::from_static("x-frame-options"),
+        HeaderValue::from_static("DENY"),
+    ),
+    (
+        HeaderName::from_static("referrer-policy"),
+        HeaderValue::from_static("no-referrer"),
+    ),
+    (
+        HeaderName::from_static("content-security-policy"),
+        HeaderValue::from_static("default-src 'none'; frame-ancestors 'none'"),
     ),
 ];
 
@@ -181,8 +191,11 @@ impl Protection {
         let unmetered = is_probe(path) || path == METRICS_PATH || is_console(path);
         let limit = self.limits[principal.trust().index()].filter(|_| !unmetered);
         if let Some(limit) = limit {
-            let key = self.rate_key(&principal, &parts.headers, &parts.extensions);
-            if let Decision::Limited { retry_after } = self.limiter.check(&key, limit).await? {
+            let decision = {
+                let key = self.rate_key(&principal, &parts.headers, &parts.extensions);
+                self.limiter.check(&key, limit).await?
+            };
+            if let Decision::Limited { retry_after } = decision {
                 if let Some(metrics) = &self.metrics {
                     metrics.rate_limited(principal.trust());
                 }
@@ -199,42 +212,48 @@ impl Protection {
 
     /// The key a caller's budget is counted under: the principal, or for anonymous callers
     /// the address they connect from.
-    fn rate_key(
+    fn rate_key<'r>(
         &self,
         principal: &Principal,
         headers: &HeaderMap,
-        extensions: &axum::http::Extensions,
-    ) -> String {
+        extensions: &'r axum::http::Extensions,
+    ) -> Cow<'r, str> {
         if principal.trust() != TrustLevel::Anonymous {
-            return format!("principal:{}", principal.id());
+            return Cow::Owned(format!("principal:{}", principal.id()));
         }
-        let forwarded = if self.trust_forwarded_for {
-            last_forwarded_for(headers)
-        } else {
-            None
-        };
-        let peer = forwarded.or_else(|| {
-            extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|ConnectInfo(addr)| addr.ip())
-        });
-        match peer {
-            Some(ip) => format!("peer:{ip}"),
+        if self.trust_forwarded_for
+            && let Some(forwarded) = last_forwarded_for(headers)
+        {
+            return Cow::Owned(PeerKey::of(forwarded).0.to_string());
+        }
+        // Written once per connection by carmy's server.
+        if let Some(PeerKey(key)) = extensions.get::<PeerKey>() {
+            return Cow::Borrowed(key);
+        }
+        match extensions.get::<ConnectInfo<SocketAddr>>() {
+            Some(ConnectInfo(addr)) => Cow::Owned(PeerKey::of(addr.ip()).0.to_string()),
             // Served without connection info (plain `axum::serve`): anonymous callers share
             // one budget.
-            None => "peer:unknown".to_owned(),
+            None => Cow::Borrowed("peer:unknown"),
         }
+    }
+}
+
+/// The rate-limit key of an anonymous caller's address, formatted once per connection rather
+/// than on every request.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerKey(Arc<str>);
+
+impl PeerKey {
+    pub(crate) fn of(ip: IpAddr) -> Self {
+        PeerKey(format!("peer:{ip}").into())
     }
 }
 
 /// The gate every route sits behind: the one read of the configuration a request makes
 /// (admission, the route and the response headers all see this snapshot), then admission, whose
 /// refusal is rendered in the transport's own error shape.
-pub(crate) async fn guard(
-    State(current): State<Current>,
-    mut request: Request,
-    next: Next,
-) -> Response {
+pub(crate) async fn guard(current: &Current, mut request: Request, next: Next) -> Response {
     let settings = current.load_full();
     request.extensions_mut().insert(Arc::clone(&settings));
     let protection = &settings.protection;
@@ -247,10 +266,8 @@ pub(crate) async fn guard(
     headers.insert(CARMY_VERSION.clone(), SERVED_VERSION.clone());
     // A route that set its own (the console's policy) keeps it.
     if protection.security_headers {
-        for &(name, value) in SECURITY_HEADERS {
-            headers
-                .entry(HeaderName::from_static(name))
-                .or_insert_with(|| HeaderValue::from_static(value));
+        for (name, value) in &SECURITY_HEADERS {
+            headers.entry(name).or_insert_with(|| value.clone());
         }
     }
     response

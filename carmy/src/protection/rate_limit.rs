@@ -103,21 +103,33 @@ impl MemoryRateLimiter {
             ends: now + limit.window,
             count: 0,
         };
-        let window = windows
-            .by_key
-            .entry(key.into())
-            .and_modify(|window| {
+        // Looked up by `&str` first: a key is allocated only for a caller not tracked yet.
+        match windows.by_key.get_mut(key) {
+            Some(window) => {
                 if window.ends <= now {
                     *window = fresh;
                 }
-            })
-            .or_insert(fresh);
-        if window.count >= limit.requests {
+                window.spend(limit, now)
+            }
+            None => {
+                let mut window = fresh;
+                let decision = window.spend(limit, now);
+                windows.by_key.insert(key.into(), window);
+                decision
+            }
+        }
+    }
+}
+
+impl Window {
+    /// Counts one request unless the budget is spent.
+    fn spend(&mut self, limit: RateLimit, now: Instant) -> Decision {
+        if self.count >= limit.requests {
             return Decision::Limited {
-                retry_after: window.ends - now,
+                retry_after: self.ends - now,
             };
         }
-        window.count += 1;
+        self.count += 1;
         Decision::Allowed
     }
 }

@@ -346,7 +346,7 @@ impl Runtime {
             events,
             prefer_async,
         } = delivery;
-        let execution_id: Arc<str> = format!("exec_{}", uuid::Uuid::now_v7()).into();
+        let execution_id = new_execution_id();
         let span = telemetry::execution_span(&execution_id, call.request_id.as_deref(), &call.tool);
         // The catalog's name, for the metrics' label: never the caller's text, and none for a
         // tool hidden from the caller, which to them does not exist.
@@ -1214,6 +1214,16 @@ fn interrupted(error: ToolError, safe_to_rerun: bool) -> ToolError {
     } else {
         error
     }
+}
+
+/// A new execution id, `exec_` and a UUID v7 (time-ordered), written in one allocation.
+fn new_execution_id() -> Arc<str> {
+    const PREFIX: &str = "exec_";
+    let mut text = [0u8; PREFIX.len() + uuid::fmt::Hyphenated::LENGTH];
+    text[..PREFIX.len()].copy_from_slice(PREFIX.as_bytes());
+    let id = uuid::Uuid::now_v7();
+    id.hyphenated().encode_lower(&mut text[PREFIX.len()..]);
+    Arc::from(std::str::from_utf8(&text).expect("a prefix and a UUID are ASCII"))
 }
 
 fn answer_error(

@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use axum::extract::MatchedPath;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -41,8 +42,39 @@ pub(crate) enum Format {
 struct HttpLabels {
     http_request_method: &'static str,
     /// The route template that matched (`/agent/tools`), or empty: no route matched.
-    http_route: String,
+    http_route: Route,
     http_response_status_code: u16,
+}
+
+/// A matched route template as a label value: axum's own shared string, so labelling a request
+/// allocates nothing.
+#[derive(Debug, Clone)]
+pub(crate) struct Route(Option<MatchedPath>);
+
+impl Route {
+    fn as_str(&self) -> &str {
+        self.0.as_ref().map_or("", MatchedPath::as_str)
+    }
+}
+
+impl std::hash::Hash for Route {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl PartialEq for Route {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Route {}
+
+impl EncodeLabelValue for Route {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        EncodeLabelValue::encode(&self.as_str(), encoder)
+    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -170,13 +202,13 @@ impl Metrics {
     pub(crate) fn http_answered(
         &self,
         method: &'static str,
-        route: Option<&str>,
+        route: Option<MatchedPath>,
         status: u16,
         elapsed: Duration,
     ) {
         let labels = HttpLabels {
             http_request_method: method,
-            http_route: route.unwrap_or_default().to_owned(),
+            http_route: Route(route),
             http_response_status_code: status,
         };
         self.http_duration

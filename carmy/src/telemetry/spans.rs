@@ -96,13 +96,13 @@ pub(crate) fn mcp_span(method: &str, tool: &str, parent: Option<&TraceParent>) -
 /// The span of one execution (`execute_tool {tool}`): its ids and outcome, never the arguments
 /// or the output. `tool` is the name the caller asked for, clipped.
 pub(crate) fn execution_span(execution_id: &str, request_id: Option<&str>, tool: &str) -> Span {
-    let tool = clip(tool);
+    // The fields are built only when the span is enabled: clipped there, not before.
     tracing::debug_span!(
         "execute_tool",
-        otel.name = format!("execute_tool {tool}"),
+        otel.name = format!("execute_tool {}", clip(tool)),
         otel.kind = "internal",
         gen_ai.operation.name = "execute_tool",
-        gen_ai.tool.name = &*tool,
+        gen_ai.tool.name = clip(tool),
         gen_ai.tool.call.id = execution_id,
         execution_id,
         request_id,
