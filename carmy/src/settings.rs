@@ -122,12 +122,13 @@ impl Base {
             events: events_config.is_some(),
             console: cfg!(feature = "console"),
         };
+        let catalog = Arc::new(catalog);
         let documents = Documents::build(&self.name, &catalog, features);
         Ok(Settings {
             protection,
             #[cfg(feature = "mcp")]
             mcp_tools: TrustLevel::ALL.map(|trust| crate::mcp::tools::list(&catalog, trust)),
-            catalog: Arc::new(catalog),
+            catalog,
             documents,
             #[cfg(feature = "events")]
             events,

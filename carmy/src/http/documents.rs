@@ -1,9 +1,12 @@
 //! `GET /.well-known/agent`, `GET /agent/tools` (also in a model provider's shape,
 //! `?format=openai|anthropic|gemini`) and `GET /agent/openapi.json` (`protocol.md` §1–3, §11):
-//! serialized once per configuration snapshot (at start and on each reload), served from
-//! memory with a strong ETag and conditional GET.
+//! serialized once per configuration snapshot, served from memory with a strong ETag and
+//! conditional GET. Discovery and the catalog are serialized when the snapshot is built (at
+//! start and on each reload: the catalog's hash is `tools_version`); the OpenAPI document and
+//! the provider shapes, most of a snapshot's build time with many tools, on their first request.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::{Query, Request, State};
 use axum::http::Extensions;
@@ -55,11 +58,48 @@ pub(crate) struct Documents {
 /// The discovery document, the catalog and the OpenAPI document one trust level sees.
 #[derive(Debug)]
 pub(super) struct LevelDocuments {
+    trust: TrustLevel,
+    /// Shared by the levels that see the same tools.
+    listing: Arc<Listing>,
+    openapi: OnceLock<Document>,
+    /// The catalog in each provider's shape, indexed like [`Provider::ALL`].
+    providers: [OnceLock<Document>; 3],
+    source: Arc<Source>,
+}
+
+/// Discovery and the catalog: what a level's visible tools alone decide.
+#[derive(Debug)]
+struct Listing {
     discovery: Document,
     catalog: Document,
-    pub(super) openapi: Document,
-    /// The catalog in each provider's shape, indexed like [`Provider::ALL`].
-    providers: [Document; 3],
+}
+
+/// What the documents built on first request are built from, shared by the levels.
+#[derive(Debug)]
+struct Source {
+    name: String,
+    catalog: Arc<Catalog>,
+    features: Features,
+    /// Every tool in each provider's shape: rewritten once per tool, then picked per level.
+    definitions: OnceLock<BTreeMap<&'static str, [ToolDefinition; 3]>>,
+}
+
+impl Source {
+    fn definitions(&self) -> &BTreeMap<&'static str, [ToolDefinition; 3]> {
+        self.definitions.get_or_init(|| {
+            self.catalog
+                .tools()
+                .iter()
+                .map(|tool| {
+                    let name = tool.descriptor.name;
+                    let define = |provider| {
+                        catalog::define(provider, name, &tool.description, &tool.input_schema)
+                    };
+                    (name, Provider::ALL.map(define))
+                })
+                .collect()
+        })
+    }
 }
 
 /// One serialized document with its validator.
@@ -136,29 +176,46 @@ pub(crate) struct Features {
 }
 
 impl Documents {
-    pub(crate) fn build(name: &str, catalog: &Catalog, features: Features) -> Self {
-        // Rewritten once per tool, then picked per level.
-        let definitions: BTreeMap<&str, [ToolDefinition; 3]> = catalog
-            .tools()
-            .iter()
-            .map(|tool| {
-                let name = tool.descriptor.name;
-                let define = |provider| {
-                    catalog::define(provider, name, &tool.description, &tool.input_schema)
-                };
-                (name, Provider::ALL.map(define))
-            })
-            .collect();
+    pub(crate) fn build(name: &str, catalog: &Arc<Catalog>, features: Features) -> Self {
+        let source = Arc::new(Source {
+            name: name.to_owned(),
+            catalog: Arc::clone(catalog),
+            features,
+            definitions: OnceLock::new(),
+        });
+        // Levels that see the same tools (all of them, when no tool is restricted) share one
+        // serialized listing.
+        let mut listings: Vec<(Vec<&'static str>, Arc<Listing>)> = Vec::new();
+        let levels = TrustLevel::ALL.map(|trust| {
+            let visible: Vec<&'static str> = catalog
+                .visible_to(trust)
+                .map(|tool| tool.descriptor.name)
+                .collect();
+            let listing = match listings.iter().find(|(names, _)| *names == visible) {
+                Some((_, listing)) => Arc::clone(listing),
+                None => {
+                    let listing = Arc::new(Listing::build(&source, trust));
+                    listings.push((visible, Arc::clone(&listing)));
+                    listing
+                }
+            };
+            LevelDocuments {
+                trust,
+                listing,
+                openapi: OnceLock::new(),
+                providers: [OnceLock::new(), OnceLock::new(), OnceLock::new()],
+                source: Arc::clone(&source),
+            }
+        });
         Documents {
-            levels: TrustLevel::ALL
-                .map(|trust| LevelDocuments::build(name, catalog, &definitions, features, trust)),
+            levels,
             console: features.console,
         }
     }
 
     /// The `tools_version` that callers trusted at `trust` see.
     pub(crate) fn tools_version(&self, trust: TrustLevel) -> &str {
-        self.levels[trust.index()].catalog.hash()
+        self.levels[trust.index()].listing.catalog.hash()
     }
 
     /// The documents the caller of `request` sees (anonymous when nobody attached a caller).
@@ -170,24 +227,14 @@ impl Documents {
     }
 }
 
-impl LevelDocuments {
-    fn build(
-        name: &str,
-        catalog: &Catalog,
-        definitions: &BTreeMap<&str, [ToolDefinition; 3]>,
-        features: Features,
-        trust: TrustLevel,
-    ) -> Self {
-        let visible: Vec<&[ToolDefinition; 3]> = catalog
-            .visible_to(trust)
-            .map(|tool| &definitions[tool.descriptor.name])
-            .collect();
+impl Listing {
+    fn build(source: &Source, trust: TrustLevel) -> Self {
         let Features {
             mcp,
-            bearer,
             events,
             console,
-        } = features;
+            ..
+        } = source.features;
         let capabilities: Vec<&str> = CAPABILITIES
             .iter()
             .copied()
@@ -198,7 +245,8 @@ impl LevelDocuments {
                 _ => true,
             })
             .collect();
-        let tools = catalog
+        let tools = source
+            .catalog
             .visible_to(trust)
             .map(|tool| CatalogEntry {
                 name: tool.descriptor.name,
@@ -216,7 +264,7 @@ impl LevelDocuments {
         let catalog_document = Document::new(&CatalogBody { tools });
         let discovery = Document::new(&DiscoveryBody {
             protocol: PROTOCOL,
-            server: name,
+            server: &source.name,
             capabilities: &capabilities,
             tools_url: paths::CATALOG,
             tools_version: catalog_document.hash(),
@@ -227,37 +275,58 @@ impl LevelDocuments {
             executions_url: paths::EXECUTIONS,
             console_url: console.then_some(paths::CONSOLE),
         });
-        let openapi = Document::new(&openapi::document(
-            catalog,
-            &openapi::Scope {
-                server: name,
-                tools_version: catalog_document.hash(),
-                trust,
-                bearer,
+        Listing {
+            discovery,
+            catalog: catalog_document,
+        }
+    }
+}
+
+impl LevelDocuments {
+    /// The OpenAPI document this level sees, built on its first request.
+    pub(super) fn openapi(&self) -> &Document {
+        self.openapi.get_or_init(|| {
+            let Features {
                 mcp,
+                bearer,
                 events,
                 console,
-            },
-        ));
-        let providers = Provider::ALL.map(|provider| {
-            let index = provider.index();
+            } = self.source.features;
+            Document::new(&openapi::document(
+                &self.source.catalog,
+                &openapi::Scope {
+                    server: &self.source.name,
+                    tools_version: self.listing.catalog.hash(),
+                    trust: self.trust,
+                    bearer,
+                    mcp,
+                    events,
+                    console,
+                },
+            ))
+        })
+    }
+
+    /// The catalog in `provider`'s shape, built on its first request.
+    fn provider(&self, provider: Provider) -> &Document {
+        self.providers[provider.index()].get_or_init(|| {
+            let definitions = self.source.definitions();
+            let visible: Vec<&ToolDefinition> = self
+                .source
+                .catalog
+                .visible_to(self.trust)
+                .map(|tool| &definitions[tool.descriptor.name][provider.index()])
+                .collect();
             Document::new(&ProviderBody {
                 format: provider.as_str(),
-                tools: visible.iter().map(|tool| &tool[index].definition).collect(),
+                tools: visible.iter().map(|tool| &tool.definition).collect(),
                 lossy: visible
                     .iter()
-                    .map(|tool| &tool[index])
                     .filter(|definition| !definition.lossy.is_empty())
                     .map(|definition| (definition.name, definition.lossy.as_slice()))
                     .collect(),
             })
-        });
-        LevelDocuments {
-            discovery,
-            catalog: catalog_document,
-            openapi,
-            providers,
-        }
+        })
     }
 }
 
@@ -321,6 +390,7 @@ pub(crate) async fn discovery(State(current): State<Current>, request: Request) 
     if !documents.console {
         return documents
             .for_caller(request.extensions())
+            .listing
             .discovery
             .respond(request.headers());
     }
@@ -335,6 +405,7 @@ pub(crate) async fn discovery(State(current): State<Current>, request: Request) 
             .into_response(),
         Ok(_) => documents
             .for_caller(request.extensions())
+            .listing
             .discovery
             .respond(request.headers()),
         Err(error) => error.into_response(),
@@ -348,8 +419,8 @@ pub(crate) async fn catalog(State(current): State<Current>, request: Request) ->
     let settings = Settings::of(request.extensions(), &current);
     let level = settings.documents.for_caller(request.extensions());
     let document = match requested_format(request.uri()) {
-        Ok(None) => &level.catalog,
-        Ok(Some(provider)) => &level.providers[provider.index()],
+        Ok(None) => &level.listing.catalog,
+        Ok(Some(provider)) => level.provider(provider),
         Err(error) => return error.into_response(),
     };
     document.respond(request.headers())

@@ -16,7 +16,7 @@ pub(crate) async fn document(State(current): State<Current>, request: Request) -
     Settings::of(request.extensions(), &current)
         .documents
         .for_caller(request.extensions())
-        .openapi
+        .openapi()
         .respond(request.headers())
 }
 
