@@ -1026,14 +1026,17 @@ async fn a_subscription_failing_for_disable_after_is_disabled() {
     let mut watcher = Receiver::ok().await;
     let doomed = subscribe(&router, &failing.url, &["execution.finished"]).await;
     let watching = subscribe(&router, &watcher.url, &["subscription.disabled"]).await;
+    // The failure clock starts when the first attempt is made, after this and before the
+    // receiver sees it.
+    let before_the_first_attempt = Instant::now();
     echo(&router, Some(PLAIN), Some("req-failing")).await;
-    let first = failing.next().await;
+    failing.next().await;
 
     let told = watcher.next().await;
     let data = assert_signed_event(&told, "subscription.disabled", &secret(&watching));
     assert_eq!(data["id"], doomed["id"], "{data}");
     assert!(
-        told.at.duration_since(first.at) >= Duration::from_secs(1),
+        told.at.duration_since(before_the_first_attempt) >= Duration::from_secs(1),
         "disabled only after failing for disable_after"
     );
     let read = read_subscription(&router, &doomed).await;

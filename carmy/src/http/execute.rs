@@ -2,6 +2,7 @@
 //! answers with JSON or Server-Sent Events. A client that goes away cancels the execution.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -294,10 +295,24 @@ fn stream(
     let (events, event_receiver) = event_channel();
     let (done, outcome) = oneshot::channel();
     let runtime = state.runtime;
-    tokio::spawn(async move {
-        let outcome = runtime.execute(call, cancel, Some(events)).await;
-        let _ = done.send(outcome);
-    });
+    let mut execution = Box::pin(async move { runtime.execute(call, cancel, Some(events)).await });
+    // Polled once here: a tool that ends at once is answered with both events ready, in one
+    // write and without a task. One that waits runs on in its own task, whatever the client's
+    // pace of reading (its deadline included); polling it again there replaces this no-op
+    // waker wherever it waits.
+    match execution
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    {
+        std::task::Poll::Ready(ended) => {
+            let _ = done.send(ended);
+        }
+        std::task::Poll::Pending => {
+            tokio::spawn(async move {
+                let _ = done.send(execution.await);
+            });
+        }
+    }
     let events = EventStream {
         events: event_receiver,
         outcome,
