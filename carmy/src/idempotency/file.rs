@@ -29,7 +29,8 @@ const CLEANUP_EVERY: Duration = Duration::from_secs(60);
 
 /// Idempotency records in a redb file: for a single node that must remember finished calls,
 /// and calls interrupted by a crash, across restarts, without running a database server.
-/// Every transition is a durable write transaction; only one process may open the file.
+/// Every transition is durable before it is answered; transitions that arrive together share
+/// one write transaction and its fsync (group commit). Only one process may open the file.
 ///
 /// Event subscriptions, the outbox and the attempt logs (`protocol.md` §8) are kept in the file
 /// too, in tables of their own: pending deliveries survive a restart, and a delivery claimed by
