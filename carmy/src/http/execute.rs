@@ -2,7 +2,6 @@
 //! answers with JSON or Server-Sent Events. A client that goes away cancels the execution.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -295,21 +294,16 @@ fn stream(
     let (events, event_receiver) = event_channel();
     let (done, outcome) = oneshot::channel();
     let runtime = state.runtime;
-    let mut execution = Box::pin(async move { runtime.execute(call, cancel, Some(events)).await });
-    // Polled once here: a tool that ends at once is answered with both events ready, in one
-    // write and without a task. One that waits runs on in its own task, whatever the client's
-    // pace of reading (its deadline included); polling it again there replaces this no-op
-    // waker wherever it waits.
-    match execution
-        .as_mut()
-        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
-    {
-        std::task::Poll::Ready(ended) => {
+    // A tool that ends at once is answered with both events ready, in one write and without a
+    // task. One that waits runs on in its own task, whatever the client's pace of reading (its
+    // deadline included).
+    match runtime::poll_once(async move { runtime.execute(call, cancel, Some(events)).await }) {
+        Ok(ended) => {
             let _ = done.send(ended);
         }
-        std::task::Poll::Pending => {
+        Err(waiting) => {
             tokio::spawn(async move {
-                let _ = done.send(execution.await);
+                let _ = done.send(waiting.await);
             });
         }
     }

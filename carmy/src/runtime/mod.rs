@@ -12,6 +12,7 @@ mod validation;
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -381,22 +382,23 @@ impl Runtime {
                     .await
             }
             // With one, the execution runs in its own task so its outcome is recorded even if
-            // the client goes away.
+            // the client goes away; unless it is recorded before it ever waits.
             Ok(prepared) => {
                 span.record("effect", prepared.tool.effect.as_str());
                 let runtime = Arc::clone(self);
-                let task = self.tasks.spawn(
-                    runtime
-                        .run(prepared, cancel, events)
-                        .instrument(span.clone()),
-                );
-                match task.await {
+                let run = runtime
+                    .run(prepared, cancel, events)
+                    .instrument(span.clone());
+                match poll_once(run) {
                     Ok(outcome) => outcome,
-                    Err(join_error) => {
-                        tracing::error!(parent: &span, error = %join_error, "execution task failed");
-                        let error = ToolError::internal(codes::INTERNAL, "internal error");
-                        answer_error(&execution_id, ExecutionStatus::Failed, &error, &[])
-                    }
+                    Err(waiting) => match self.tasks.spawn(waiting).await {
+                        Ok(outcome) => outcome,
+                        Err(join_error) => {
+                            tracing::error!(parent: &span, error = %join_error, "execution task failed");
+                            let error = ToolError::internal(codes::INTERNAL, "internal error");
+                            answer_error(&execution_id, ExecutionStatus::Failed, &error, &[])
+                        }
+                    },
                 }
             }
         };
@@ -1213,6 +1215,20 @@ fn interrupted(error: ToolError, safe_to_rerun: bool) -> ToolError {
         error.retryable(None)
     } else {
         error
+    }
+}
+
+/// Polls `future` once: its output if it finished, else the future, to go on in a task of its
+/// own, whose first poll replaces the no-op waker given here wherever the future waits. An
+/// execution that ends without waiting (a quick tool, an in-memory store) costs no task.
+pub(crate) fn poll_once<F: Future>(future: F) -> Result<F::Output, Pin<Box<F>>> {
+    let mut future = Box::pin(future);
+    match future
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    {
+        std::task::Poll::Ready(output) => Ok(output),
+        std::task::Poll::Pending => Err(future),
     }
 }
 
