@@ -422,6 +422,54 @@ fn socket_request(addr: SocketAddr, body: &Value, headers: &[(&str, &str)]) -> R
     request
 }
 
+/// The status of `request` sent from the loopback address `source` (the budget of an
+/// anonymous caller is its address's, computed once per connection).
+async fn status_from(source: [u8; 4], addr: SocketAddr, request: Request<Body>) -> StatusCode {
+    use http_body_util::BodyExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from((source, 0))).unwrap();
+    let stream = socket.connect(addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status();
+    response.into_body().collect().await.unwrap();
+    status
+}
+
+#[tokio::test]
+async fn over_a_socket_each_peer_address_has_its_own_budget() {
+    let addr = serve(app(&Probe::default()).rate_limit(
+        TrustLevel::Anonymous,
+        RateLimit {
+            requests: 1,
+            window: Duration::from_secs(60),
+        },
+    ))
+    .await;
+    let call = || socket_request(addr, &echo(), &[]);
+    assert_eq!(
+        status_from([127, 0, 0, 1], addr, call()).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status_from([127, 0, 0, 1], addr, call()).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a new connection from the same address shares its budget"
+    );
+    assert_eq!(
+        status_from([127, 0, 0, 2], addr, call()).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status_from([127, 0, 0, 2], addr, call()).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
 #[tokio::test]
 async fn over_a_socket_peers_are_limited_and_tokens_checked() {
     let addr = serve(app(&Probe::default()).rate_limit(

@@ -303,6 +303,16 @@ async fn overrides_hide_a_tool_and_open_another_with_new_tools_versions() {
             .map(|tool| tool["name"].as_str().unwrap().to_owned())
             .collect()
     };
+    // The documents built on first request are built from the snapshot they belong to: read
+    // here before the reload, they must not be served stale after it.
+    let lists_summary = async |path: &str| -> bool {
+        let answer = get_as(&router, path, None).await;
+        assert_eq!(answer.status, StatusCode::OK, "{path}");
+        String::from_utf8_lossy(&answer.body).contains("sales_summary")
+    };
+    for path in ["/agent/openapi.json", "/agent/tools?format=openai"] {
+        assert!(!lists_summary(path).await, "{path}");
+    }
     let anonymous_before = names(None).await;
     assert!(!anonymous_before.contains(&"sales_summary".to_owned()));
     assert!(names(Some(ROOT)).await.contains(&"cancel_order".to_owned()));
@@ -326,6 +336,9 @@ async fn overrides_hide_a_tool_and_open_another_with_new_tools_versions() {
 
     let anonymous = names(None).await;
     assert!(anonymous.contains(&"sales_summary".to_owned()));
+    for path in ["/agent/openapi.json", "/agent/tools?format=openai"] {
+        assert!(lists_summary(path).await, "{path}");
+    }
     assert!(!names(Some(ROOT)).await.contains(&"cancel_order".to_owned()));
     let catalog = get_as(&router, "/agent/tools", None).await;
     let summary = catalog.json()["tools"]

@@ -197,6 +197,13 @@ async fn a_replica_killed_mid_write_leaves_it_uncertain_with_redis() {
     a_crash_mid_write_leaves_it_uncertain(&redis, &postgres, "redis-crash").await;
 }
 
+/// A store file for this run, and its `CARMY_IDEMPOTENCY_URL`.
+fn store_file(name: &str) -> (std::path::PathBuf, String) {
+    let path = std::env::temp_dir().join(format!("carmy-{}-{name}.redb", run_id()));
+    let url = format!("file:{}", path.display());
+    (path, url)
+}
+
 /// The file store across restarts: a finished call replays after a `kill -9` and restart, and
 /// a call interrupted by the crash is uncertain once its lease has passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,8 +211,7 @@ async fn the_file_store_remembers_across_a_crash_and_restart() {
     let Some(postgres) = server_url("CARMY_TEST_POSTGRES_URL") else {
         return;
     };
-    let path = std::env::temp_dir().join(format!("carmy-{}-replica.redb", run_id()));
-    let store_url = format!("file:{}", path.display());
+    let (path, store_url) = store_file("replica");
     let finished = format!("{}-file-finished", run_id());
     let interrupted = format!("{}-file-interrupted", run_id());
 
@@ -243,8 +249,7 @@ async fn the_file_store_keeps_every_answered_call_of_a_crash_under_load() {
     let Some(postgres) = server_url("CARMY_TEST_POSTGRES_URL") else {
         return;
     };
-    let path = std::env::temp_dir().join(format!("carmy-{}-group.redb", run_id()));
-    let store_url = format!("file:{}", path.display());
+    let (path, store_url) = store_file("group");
     let replica = Replica::start(&store_url, &postgres).await;
     let (answered, mut answers) = tokio::sync::mpsc::unbounded_channel();
     let addr = replica.addr;

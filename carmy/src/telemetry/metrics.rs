@@ -49,7 +49,7 @@ struct HttpLabels {
 /// A matched route template as a label value: axum's own shared string, so labelling a request
 /// allocates nothing.
 #[derive(Debug, Clone)]
-pub(crate) struct Route(Option<MatchedPath>);
+struct Route(Option<MatchedPath>);
 
 impl Route {
     fn as_str(&self) -> &str {

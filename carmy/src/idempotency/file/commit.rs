@@ -197,13 +197,28 @@ mod tests {
         (release, inside)
     }
 
-    #[tokio::test]
-    async fn concurrent_writes_share_a_transaction_and_a_failing_one_fails_alone() {
-        let file = TempFile::new("batch");
+    /// A committer on a new file, held in its first transaction; the sender releases it.
+    fn held(name: &str) -> (TempFile, Arc<Database>, Arc<Committer>, mpsc::Sender<()>) {
+        let file = TempFile::new(name);
         let database = open(&file);
         let committer = Arc::new(Committer::start(Arc::clone(&database)).unwrap());
         let (release, inside) = hold(&committer);
         inside.recv().unwrap();
+        (file, database, committer, release)
+    }
+
+    /// Writes `value` under request id `r{number}`.
+    fn put(table: &mut Table<'_>, number: usize, value: &[u8]) -> Result<(), StoreError> {
+        let request_id = format!("r{number}");
+        table
+            .insert(("caller", request_id.as_str()), value)
+            .map_err(failed)?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn concurrent_writes_share_a_transaction_and_a_failing_one_fails_alone() {
+        let (_file, database, committer, release) = held("batch");
         let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..50).map(|_| AtomicUsize::new(0)).collect());
         let mut writes = Vec::new();
         for number in 0..50 {
@@ -212,10 +227,7 @@ mod tests {
                 committer
                     .write(move |table| {
                         runs[number].fetch_add(1, Ordering::SeqCst);
-                        let request_id = format!("r{number}");
-                        table
-                            .insert(("caller", request_id.as_str()), &b"written"[..])
-                            .map_err(failed)?;
+                        put(table, number, b"written")?;
                         // Fails after writing: what it wrote must not be committed.
                         if number == 20 {
                             return Err(StoreError::message("this write fails"));
@@ -256,11 +268,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_that_succeeds_runs_each_write_once() {
-        let file = TempFile::new("once");
-        let database = open(&file);
-        let committer = Arc::new(Committer::start(Arc::clone(&database)).unwrap());
-        let (release, inside) = hold(&committer);
-        inside.recv().unwrap();
+        let (_file, database, committer, release) = held("once");
         let runs = Arc::new(AtomicUsize::new(0));
         let mut writes = Vec::new();
         for number in 0..20 {
@@ -269,11 +277,7 @@ mod tests {
                 committer
                     .write(move |table| {
                         runs.fetch_add(1, Ordering::SeqCst);
-                        let request_id = format!("r{number}");
-                        table
-                            .insert(("caller", request_id.as_str()), &b"w"[..])
-                            .map_err(failed)?;
-                        Ok(())
+                        put(table, number, b"w")
                     })
                     .await
             }));
