@@ -348,6 +348,9 @@ impl App {
 
     /// Checks the app and builds the router. Every mistake (duplicate tool names, missing
     /// state, an input schema that is not an object) is found here, never at request time.
+    /// An input schema that does not compile into a validator is found here in a debug build;
+    /// a release build compiles each validator on its tool's first call, so that a large
+    /// catalog starts at once, and such a tool's calls fail with `INTERNAL` (logged).
     pub fn router(self) -> Result<axum::Router, Error> {
         self.build().map(|built| built.router)
     }

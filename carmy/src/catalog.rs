@@ -1,11 +1,11 @@
-//! The tools an app serves, checked and compiled once at start-up; `carmy.toml`'s per-tool
+//! The tools an app serves, checked once at start-up; `carmy.toml`'s per-tool
 //! overrides (`[tools.NAME]`) derive a new catalog from it on every reload, sharing the
 //! compiled parts. Also their definitions in the shapes model providers take
 //! ([`tool_definitions`]).
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -41,8 +41,12 @@ pub(crate) struct CatalogTool {
     pub(crate) timeout: Option<Duration>,
     pub(crate) description: Arc<str>,
     pub(crate) input_schema: Arc<Value>,
-    pub(crate) output_schema: Arc<Value>,
-    pub(crate) validator: Arc<jsonschema::Validator>,
+    /// Derived on first use: only the documents and MCP read it, never a `carmy/1` call.
+    output_schema: Arc<OnceLock<Value>>,
+    /// The input schema compiled, on the tool's first call in a release build (an app of a
+    /// thousand tools starts without compiling a thousand validators), at start-up in a debug
+    /// build, so that `cargo run` and the app's tests report a schema that cannot compile.
+    validator: Arc<OnceLock<Result<jsonschema::Validator, Error>>>,
 }
 
 impl std::fmt::Debug for CatalogTool {
@@ -198,22 +202,48 @@ impl CatalogTool {
                 location: descriptor.location(),
             });
         }
-        let validator =
-            jsonschema::draft202012::new(&input_schema).map_err(|error| Error::InvalidSchema {
-                tool: descriptor.name.to_owned(),
-                location: descriptor.location(),
-                reason: error.to_string(),
-            })?;
+        let validator = OnceLock::new();
+        if cfg!(debug_assertions) {
+            let _ = validator.set(Ok(compile(descriptor, &input_schema)?));
+        }
         Ok(CatalogTool {
             descriptor,
             access: descriptor.access,
             timeout: descriptor.timeout,
             description: normalize_doc(descriptor.description).into(),
             input_schema: Arc::new(input_schema),
-            output_schema: Arc::new((descriptor.output_schema)()),
+            output_schema: Arc::default(),
             validator: Arc::new(validator),
         })
     }
+
+    /// The output schema.
+    pub(crate) fn output_schema(&self) -> &Value {
+        self.output_schema
+            .get_or_init(|| (self.descriptor.output_schema)())
+    }
+
+    /// The input validator; an error, logged once, when the schema does not compile.
+    pub(crate) fn validator(&self) -> Result<&jsonschema::Validator, &Error> {
+        self.validator
+            .get_or_init(|| {
+                compile(self.descriptor, &self.input_schema).inspect_err(|error| {
+                    tracing::error!(%error, "the tool cannot be called");
+                })
+            })
+            .as_ref()
+    }
+}
+
+fn compile(
+    descriptor: &ToolDescriptor,
+    input_schema: &Value,
+) -> Result<jsonschema::Validator, Error> {
+    jsonschema::draft202012::new(input_schema).map_err(|error| Error::InvalidSchema {
+        tool: descriptor.name.to_owned(),
+        location: descriptor.location(),
+        reason: error.to_string(),
+    })
 }
 
 /// Doc comments arrive as lines that each start with the space after `///`: drop that space,
@@ -229,7 +259,65 @@ fn normalize_doc(doc: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::normalize_doc;
+    use super::*;
+    use crate::tool::{Confirmation, Effect, Mode};
+    use serde_json::json;
+
+    fn broken_schema() -> Value {
+        json!({"type": "object", "properties": {"code": {"type": "string", "pattern": "("}}})
+    }
+
+    static BROKEN: ToolDescriptor = ToolDescriptor {
+        name: "broken",
+        description: "Has a pattern that is no regular expression.",
+        effect: Effect::Read,
+        idempotent: true,
+        parallel_safe: true,
+        confirmation: Confirmation::None,
+        access: TrustLevel::Anonymous,
+        timeout: None,
+        mode: Mode::Sync,
+        input_schema: broken_schema,
+        output_schema: broken_schema,
+        states: &[],
+        call: |_| unreachable!("never called"),
+        file: file!(),
+        line: line!(),
+    };
+
+    /// A release build compiles on the first call: a schema that cannot compile fails each
+    /// call with `INTERNAL`, never a panic or a call without validation.
+    #[test]
+    fn a_validator_that_cannot_compile_fails_the_call() {
+        let tool = CatalogTool {
+            descriptor: &BROKEN,
+            access: TrustLevel::Anonymous,
+            timeout: None,
+            description: Arc::from(""),
+            input_schema: Arc::new(broken_schema()),
+            output_schema: Arc::default(),
+            validator: Arc::default(),
+        };
+        let error = tool.validator().expect_err("`(` is no regular expression");
+        assert!(matches!(error, Error::InvalidSchema { .. }), "{error:?}");
+        assert!(error.to_string().contains("`broken`"), "{error}");
+        for _ in 0..2 {
+            let refused = crate::runtime::validation::check(&tool, &json!({"code": "x"}))
+                .expect("no call runs unvalidated");
+            assert_eq!(refused.code(), "INTERNAL");
+        }
+    }
+
+    /// A debug build (`cargo run`, the app's tests) finds it at start-up.
+    #[test]
+    fn a_debug_build_compiles_validators_at_start_up() {
+        let built = CatalogTool::build(&BROKEN, &StateMap::default());
+        if cfg!(debug_assertions) {
+            assert!(matches!(built, Err(Error::InvalidSchema { .. })));
+        } else {
+            assert!(built.expect("compiled later").validator().is_err());
+        }
+    }
 
     #[test]
     fn doc_comments_become_plain_text() {

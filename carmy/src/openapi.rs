@@ -271,7 +271,7 @@ fn tool_paths(builder: &mut Builder<'_>) {
         let descriptor = tool.descriptor;
         let name = descriptor.name;
         let input = builder.embed(&tool.input_schema, name, "input");
-        let output = builder.embed(&tool.output_schema, name, "output");
+        let output = builder.embed(tool.output_schema(), name, "output");
         let execution = json!({
             "allOf": [
                 { "$ref": "#/components/schemas/ExecutionResponse" },
@@ -882,7 +882,8 @@ fn common_parameters() -> Value {
 
 /// Whether the tool accepts `{}`, what an empty body and absent `arguments` mean.
 fn accepts_empty(tool: &CatalogTool) -> bool {
-    tool.validator.is_valid(&json!({}))
+    tool.validator()
+        .is_ok_and(|validator| validator.is_valid(&json!({})))
 }
 
 fn common_schemas() -> Map<String, Value> {

@@ -1,6 +1,6 @@
 //! The configuration snapshot: every object a request reads that `carmy.toml` may change (the
 //! admission settings, the catalog with its per-tool overrides, the serialized documents and
-//! MCP's tool lists),
+//! MCP's tool lists, the last two built on first use),
 //! derived from one [`Config`] in one step that either succeeds whole or changes nothing.
 //!
 //! The protection gate loads the snapshot once per request and attaches it to the request, so
@@ -27,9 +27,10 @@ pub(crate) struct Settings {
     pub(crate) protection: Protection,
     pub(crate) catalog: Arc<Catalog>,
     pub(crate) documents: Documents,
-    /// MCP's tool list of each trust level, indexed by [`TrustLevel::index`].
+    /// MCP's tool list of each trust level, indexed by [`TrustLevel::index`]: built on the
+    /// level's first `tools/list`, since a start-up pays for nothing an agent may never ask.
     #[cfg(feature = "mcp")]
-    pub(crate) mcp_tools: [Vec<rmcp::model::Tool>; 4],
+    mcp_tools: [std::sync::OnceLock<Vec<rmcp::model::Tool>>; 4],
     /// `[events]`; `None` while events are off.
     #[cfg(feature = "events")]
     pub(crate) events: Option<Arc<crate::events::EventSettings>>,
@@ -51,6 +52,12 @@ impl Settings {
             .get::<Arc<Settings>>()
             .cloned()
             .unwrap_or_else(|| current.load_full())
+    }
+
+    /// MCP's tool list for callers trusted at `trust`.
+    #[cfg(feature = "mcp")]
+    pub(crate) fn mcp_tools(&self, trust: TrustLevel) -> &[rmcp::model::Tool] {
+        self.mcp_tools[trust.index()].get_or_init(|| crate::mcp::tools::list(&self.catalog, trust))
     }
 
     /// `tools_version` of each trust level's catalog, indexed by [`TrustLevel::index`].
@@ -127,7 +134,7 @@ impl Base {
         Ok(Settings {
             protection,
             #[cfg(feature = "mcp")]
-            mcp_tools: TrustLevel::ALL.map(|trust| crate::mcp::tools::list(&catalog, trust)),
+            mcp_tools: Default::default(),
             catalog,
             documents,
             #[cfg(feature = "events")]

@@ -76,6 +76,30 @@ async fn a_non_object_input_schema_is_refused() {
     assert!(error.to_string().contains("`takes_a_list`"), "{error}");
 }
 
+#[derive(serde::Deserialize, carmy::JsonSchema)]
+struct Coupon {
+    #[schemars(regex(pattern = "("))]
+    code: String,
+}
+
+/// Takes a coupon whose pattern is no regular expression.
+#[carmy::tool(effect = "read", register = false)]
+async fn redeem(input: Coupon) -> Result<usize, ToolError> {
+    Ok(input.code.len())
+}
+
+/// A test build compiles every validator at start-up (a release build, on each tool's first
+/// call: the catalog's unit tests).
+#[tokio::test]
+async fn an_input_schema_that_cannot_compile_is_refused_in_a_debug_build() {
+    let error = carmy::App::new().tool(redeem::TOOL).router().unwrap_err();
+    assert!(
+        matches!(error, carmy::Error::InvalidSchema { .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("`redeem`"), "{error}");
+}
+
 #[tokio::test]
 async fn an_empty_name_is_refused() {
     let error = carmy::App::new().name("  ").router().unwrap_err();

@@ -1,9 +1,8 @@
 //! `GET /.well-known/agent`, `GET /agent/tools` (also in a model provider's shape,
 //! `?format=openai|anthropic|gemini`) and `GET /agent/openapi.json` (`protocol.md` §1–3, §11):
-//! serialized once per configuration snapshot, served from memory with a strong ETag and
-//! conditional GET. Discovery and the catalog are serialized when the snapshot is built (at
-//! start and on each reload: the catalog's hash is `tools_version`); the OpenAPI document and
-//! the provider shapes, most of a snapshot's build time with many tools, on their first request.
+//! serialized once per configuration snapshot, on their first request (a start-up with a
+//! thousand tools would spend most of its time on documents nobody may ask for), and served
+//! from memory with a strong ETag and conditional GET. The catalog's hash is `tools_version`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -59,8 +58,8 @@ pub(crate) struct Documents {
 #[derive(Debug)]
 pub(super) struct LevelDocuments {
     trust: TrustLevel,
-    /// Shared by the levels that see the same tools.
-    listing: Arc<Listing>,
+    /// Shared by the levels that see the same tools; built on the first request of any.
+    listing: Arc<OnceLock<Listing>>,
     openapi: OnceLock<Document>,
     /// The catalog in each provider's shape, indexed like [`Provider::ALL`].
     providers: [OnceLock<Document>; 3],
@@ -185,7 +184,7 @@ impl Documents {
         });
         // Levels that see the same tools (all of them, when no tool is restricted) share one
         // serialized listing.
-        let mut listings: Vec<(Vec<&'static str>, Arc<Listing>)> = Vec::new();
+        let mut listings: Vec<(Vec<&'static str>, Arc<OnceLock<Listing>>)> = Vec::new();
         let levels = TrustLevel::ALL.map(|trust| {
             let visible: Vec<&'static str> = catalog
                 .visible_to(trust)
@@ -194,7 +193,7 @@ impl Documents {
             let listing = match listings.iter().find(|(names, _)| *names == visible) {
                 Some((_, listing)) => Arc::clone(listing),
                 None => {
-                    let listing = Arc::new(Listing::build(&source, trust));
+                    let listing = Arc::default();
                     listings.push((visible, Arc::clone(&listing)));
                     listing
                 }
@@ -215,7 +214,7 @@ impl Documents {
 
     /// The `tools_version` that callers trusted at `trust` see.
     pub(crate) fn tools_version(&self, trust: TrustLevel) -> &str {
-        self.levels[trust.index()].listing.catalog.hash()
+        self.levels[trust.index()].listing().catalog.hash()
     }
 
     /// The documents the caller of `request` sees (anonymous when nobody attached a caller).
@@ -252,7 +251,7 @@ impl Listing {
                 name: tool.descriptor.name,
                 description: &tool.description,
                 input_schema: &tool.input_schema,
-                output_schema: &tool.output_schema,
+                output_schema: tool.output_schema(),
                 effect: tool.descriptor.effect,
                 idempotent: tool.descriptor.idempotent,
                 parallel_safe: tool.descriptor.parallel_safe,
@@ -283,6 +282,12 @@ impl Listing {
 }
 
 impl LevelDocuments {
+    /// Discovery and the catalog this level sees.
+    fn listing(&self) -> &Listing {
+        self.listing
+            .get_or_init(|| Listing::build(&self.source, self.trust))
+    }
+
     /// The OpenAPI document this level sees, built on its first request.
     pub(super) fn openapi(&self) -> &Document {
         self.openapi.get_or_init(|| {
@@ -296,7 +301,7 @@ impl LevelDocuments {
                 &self.source.catalog,
                 &openapi::Scope {
                     server: &self.source.name,
-                    tools_version: self.listing.catalog.hash(),
+                    tools_version: self.listing().catalog.hash(),
                     trust: self.trust,
                     bearer,
                     mcp,
@@ -390,7 +395,7 @@ pub(crate) async fn discovery(State(current): State<Current>, request: Request) 
     if !documents.console {
         return documents
             .for_caller(request.extensions())
-            .listing
+            .listing()
             .discovery
             .respond(request.headers());
     }
@@ -405,7 +410,7 @@ pub(crate) async fn discovery(State(current): State<Current>, request: Request) 
             .into_response(),
         Ok(_) => documents
             .for_caller(request.extensions())
-            .listing
+            .listing()
             .discovery
             .respond(request.headers()),
         Err(error) => error.into_response(),
@@ -419,7 +424,7 @@ pub(crate) async fn catalog(State(current): State<Current>, request: Request) ->
     let settings = Settings::of(request.extensions(), &current);
     let level = settings.documents.for_caller(request.extensions());
     let document = match requested_format(request.uri()) {
-        Ok(None) => &level.listing.catalog,
+        Ok(None) => &level.listing().catalog,
         Ok(Some(provider)) => level.provider(provider),
         Err(error) => return error.into_response(),
     };

@@ -82,8 +82,6 @@ struct Record {
     /// The first half of the fingerprint's SHA-256: 128 bits tell calls apart as surely, and
     /// 16 bytes less per record keeps 100,000 records within 64 MiB.
     digest: [u8; 16],
-    /// The execution that reserved the key.
-    execution_id: Arc<str>,
     state: State,
     expires_at: Instant,
     generation: u64,
@@ -100,14 +98,34 @@ struct Claim<'a> {
     ttl: Duration,
 }
 
+/// Each state holds the id of the execution that reserved the key: once, as the answer's own
+/// copy when there is one (16 bytes less per record than a field beside the state).
 enum State {
     /// Dropping the sender wakes the duplicates waiting for this execution.
     Running {
+        execution_id: Arc<str>,
         changed: watch::Sender<()>,
         lease_until: Instant,
     },
     Finished(StoredResponse),
-    Uncertain,
+    Uncertain {
+        execution_id: Arc<str>,
+    },
+}
+
+impl Record {
+    fn execution_id(&self) -> &Arc<str> {
+        match &self.state {
+            State::Running { execution_id, .. } | State::Uncertain { execution_id } => execution_id,
+            State::Finished(response) => &response.execution_id,
+        }
+    }
+
+    /// Ends the record without an answer: a retry learns that the call may have happened.
+    fn make_uncertain(&mut self) {
+        let execution_id = self.execution_id().clone();
+        self.state = State::Uncertain { execution_id };
+    }
 }
 
 impl Default for MemoryStore {
@@ -235,13 +253,14 @@ impl Shard {
                 }
                 match &record.state {
                     State::Running {
+                        execution_id,
                         changed,
                         lease_until,
                     } if *lease_until > now => {
                         let mut changed = changed.subscribe();
                         let lease_until = *lease_until;
                         return Reservation::Running {
-                            execution_id: record.execution_id.clone(),
+                            execution_id: execution_id.clone(),
                             changed: Box::pin(async move {
                                 // The sender is dropped when the record changes; the lease
                                 // passing changes it too.
@@ -254,16 +273,16 @@ impl Shard {
                     }
                     State::Running { .. } => {
                         // Its execution outlived its lease: from now on it is uncertain.
-                        record.state = State::Uncertain;
+                        record.make_uncertain();
                         record.generation = generation;
-                        let execution_id = record.execution_id.clone();
+                        let execution_id = record.execution_id().clone();
                         self.queue_finished(key, generation);
                         return Reservation::Uncertain { execution_id };
                     }
                     State::Finished(response) => return Reservation::Finished(response.clone()),
-                    State::Uncertain => {
+                    State::Uncertain { execution_id } => {
                         return Reservation::Uncertain {
-                            execution_id: record.execution_id.clone(),
+                            execution_id: execution_id.clone(),
                         };
                     }
                 }
@@ -280,8 +299,8 @@ impl Shard {
             Record {
                 tool: claim.fingerprint.tool.clone(),
                 digest: short_digest(claim.fingerprint),
-                execution_id: Arc::clone(claim.execution_id),
                 state: State::Running {
+                    execution_id: Arc::clone(claim.execution_id),
                     changed: watch::channel(()).0,
                     lease_until,
                 },
@@ -307,20 +326,21 @@ impl Shard {
         let Some(record) = self
             .records
             .get_mut(key)
-            .filter(|record| record.execution_id == *finish.execution_id())
+            .filter(|record| *record.execution_id() == *finish.execution_id())
         else {
             return;
         };
-        let (state, bytes) = match finish {
+        let bytes = match finish {
             Finish::Response(response) => {
-                // Share the response's copy of the id: one allocation per record, not two.
-                record.execution_id = response.execution_id.clone();
-                let bytes = weight(key, &record.tool, &record.execution_id, Some(&response));
-                (State::Finished(response), bytes)
+                let bytes = weight(key, &record.tool, &response.execution_id, Some(&response));
+                record.state = State::Finished(response);
+                bytes
             }
-            Finish::Uncertain { .. } => (State::Uncertain, record.bytes),
+            Finish::Uncertain { .. } => {
+                record.make_uncertain();
+                record.bytes
+            }
         };
-        record.state = state;
         self.bytes = self.bytes - record.bytes + bytes;
         record.bytes = bytes;
         record.expires_at = now + ttl;
@@ -331,14 +351,14 @@ impl Shard {
         {
             // This answer alone is over the shard's part of the bound: keep that the call
             // happened, not what it answered.
-            let bytes = weight(key, &record.tool, &record.execution_id, None);
+            let bytes = weight(key, &record.tool, record.execution_id(), None);
             tracing::warn!(
                 answer_bytes = record.bytes,
                 max_bytes = limits.bytes,
                 "an answer too large for the idempotency store was not kept: a retry gets \
                  EXECUTION_UNCERTAIN"
             );
-            record.state = State::Uncertain;
+            record.make_uncertain();
             self.bytes = self.bytes - record.bytes + bytes;
             record.bytes = bytes;
         }
@@ -349,7 +369,7 @@ impl Shard {
         if self
             .records
             .get(key)
-            .is_some_and(|record| *record.execution_id == *execution_id)
+            .is_some_and(|record| **record.execution_id() == *execution_id)
         {
             self.remove(key);
         }

@@ -126,7 +126,7 @@ impl ServerHandler for McpHandler {
     ) -> Result<ListToolsResult, ErrorData> {
         let (principal, settings) = self.caller(&context);
         Ok(
-            ListToolsResult::with_all_items(settings.mcp_tools[principal.trust().index()].clone())
+            ListToolsResult::with_all_items(settings.mcp_tools(principal.trust()).to_vec())
                 .with_ttl_ms(LIST_TTL_MS)
                 .with_cache_scope(CacheScope::Private),
         )

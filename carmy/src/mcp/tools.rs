@@ -1,4 +1,4 @@
-//! The catalog as MCP `Tool`s: built with each configuration snapshot, served from memory.
+//! The catalog as MCP `Tool`s: built on a snapshot's first `tools/list`, served from memory.
 
 use serde_json::{Value, json};
 
@@ -51,14 +51,14 @@ fn describe(tool: &CatalogTool) -> Value {
     // MCP output schemas describe `structuredContent`, which is always an object: other outputs
     // are sent as text only.
     if has_structured_output(tool) {
-        described["outputSchema"] = (*tool.output_schema).clone();
+        described["outputSchema"] = tool.output_schema().clone();
     }
     described
 }
 
 /// Whether the tool's answers carry `structuredContent`: exactly when its output is an object.
 pub(crate) fn has_structured_output(tool: &CatalogTool) -> bool {
-    schema::is_object_schema(&tool.output_schema)
+    schema::is_object_schema(tool.output_schema())
 }
 
 /// A display title from the tool's name: `create_order` → "Create order".

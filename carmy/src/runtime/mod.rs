@@ -8,7 +8,7 @@ mod fingerprint;
 mod repeated;
 pub(crate) mod response;
 mod status;
-mod validation;
+pub(crate) mod validation;
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;

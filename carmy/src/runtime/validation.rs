@@ -15,13 +15,16 @@ const MAX_VIOLATIONS: usize = 10;
 const MAX_ALLOWED: usize = 20;
 
 /// `None` when `arguments` match the tool's input schema; else `INVALID_ARGUMENTS` with at most
-/// [`MAX_VIOLATIONS`] bounded violations.
+/// [`MAX_VIOLATIONS`] bounded violations, or `INTERNAL` when the schema does not compile.
 pub(crate) fn check(tool: &CatalogTool, arguments: &Value) -> Option<ToolError> {
+    let Ok(validator) = tool.validator() else {
+        return Some(ToolError::internal(codes::INTERNAL, "internal error"));
+    };
     // The fast check first; the detailed walk only for arguments that fail it.
-    if tool.validator.is_valid(arguments) {
+    if validator.is_valid(arguments) {
         return None;
     }
-    let mut errors = tool.validator.iter_errors(arguments);
+    let mut errors = validator.iter_errors(arguments);
     let violations: Vec<Violation> = errors
         .by_ref()
         .take(MAX_VIOLATIONS)
