@@ -294,7 +294,16 @@ async fn the_shop_example_serves_metrics_without_a_token() {
     // A tool hidden from the caller is, in the metrics too, a tool that does not exist.
     let hidden = execute(&router, &json!({ "tool": "sales_summary" })).await;
     assert_eq!(hidden.json()["error"]["code"], "TOOL_NOT_FOUND");
+    // A call refused before it runs is still its tool's.
+    let refused = execute(&router, &json!({ "tool": "create_order", "arguments": {} })).await;
+    assert_eq!(refused.json()["error"]["code"], "INVALID_ARGUMENTS");
     let scrape = scrape(&router).await;
+    let refused = sample(
+        &scrape,
+        "carmy_executions_total",
+        &[("tool", "create_order"), ("status", "failed")],
+    );
+    assert_eq!(number(refused), 1.0);
     assert!(
         scrape
             .samples

@@ -211,6 +211,8 @@ impl Prepared {
 struct Rejected {
     error: ToolError,
     tool: String,
+    /// The catalog's name of the tool, when the caller may see it.
+    known: Option<&'static str>,
     arguments: Value,
 }
 
@@ -349,15 +351,15 @@ impl Runtime {
         } = delivery;
         let execution_id = new_execution_id();
         let span = telemetry::execution_span(&execution_id, call.request_id.as_deref(), &call.tool);
+        let started = Instant::now();
+        let prepared = self.prepare(call, execution_id.clone(), prefer_async);
         // The catalog's name, for the metrics' label: never the caller's text, and none for a
         // tool hidden from the caller, which to them does not exist.
-        let tool = self.metrics.as_ref().and_then(|_| {
-            let trust = call.principal.trust();
-            let tool = call.catalog.get_visible(&call.tool, trust)?;
-            Some(tool.descriptor.name)
-        });
-        let started = Instant::now();
-        let outcome = match self.prepare(call, execution_id.clone(), prefer_async) {
+        let tool = match &prepared {
+            Ok(prepared) => Some(prepared.tool.name),
+            Err(rejected) => rejected.known,
+        };
+        let outcome = match prepared {
             Err(rejected) => {
                 let _entered = span.enter();
                 self.answer_rejection(&execution_id, &rejected, events.as_ref())
@@ -521,6 +523,7 @@ impl Runtime {
             return Err(Rejected {
                 error,
                 tool,
+                known: None,
                 arguments,
             });
         };
@@ -537,6 +540,7 @@ impl Runtime {
             return Err(Rejected {
                 error,
                 tool,
+                known: Some(descriptor.name),
                 arguments,
             });
         }
@@ -544,6 +548,7 @@ impl Runtime {
             return Err(Rejected {
                 error,
                 tool,
+                known: Some(descriptor.name),
                 arguments,
             });
         }
@@ -1000,6 +1005,7 @@ impl Runtime {
             error,
             tool,
             arguments,
+            known: _,
         } = rejected;
         emit_started(events, execution_id, tool);
         let next_actions = response::after_rejection(error, tool, arguments);
