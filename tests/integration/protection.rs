@@ -407,6 +407,18 @@ async fn cors_is_off_by_default_and_allows_only_configured_origins() {
 }
 
 /// Serves `app` the way `App::serve` does (peer addresses known) on a loopback port.
+/// The test app over a socket, anonymous callers allowed `requests` a minute.
+async fn serve_with_anonymous_budget(requests: u32) -> SocketAddr {
+    serve(app(&Probe::default()).rate_limit(
+        TrustLevel::Anonymous,
+        RateLimit {
+            requests,
+            window: Duration::from_secs(60),
+        },
+    ))
+    .await
+}
+
 async fn serve(app: carmy::App) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -442,14 +454,7 @@ async fn status_from(source: [u8; 4], addr: SocketAddr, request: Request<Body>) 
 
 #[tokio::test]
 async fn over_a_socket_each_peer_address_has_its_own_budget() {
-    let addr = serve(app(&Probe::default()).rate_limit(
-        TrustLevel::Anonymous,
-        RateLimit {
-            requests: 1,
-            window: Duration::from_secs(60),
-        },
-    ))
-    .await;
+    let addr = serve_with_anonymous_budget(1).await;
     let call = || socket_request(addr, &echo(), &[]);
     assert_eq!(
         status_from([127, 0, 0, 1], addr, call()).await,
@@ -472,14 +477,7 @@ async fn over_a_socket_each_peer_address_has_its_own_budget() {
 
 #[tokio::test]
 async fn over_a_socket_peers_are_limited_and_tokens_checked() {
-    let addr = serve(app(&Probe::default()).rate_limit(
-        TrustLevel::Anonymous,
-        RateLimit {
-            requests: 2,
-            window: Duration::from_secs(60),
-        },
-    ))
-    .await;
+    let addr = serve_with_anonymous_budget(2).await;
 
     let hidden = send_to(
         addr,
