@@ -17,7 +17,7 @@ use crate::http::{self, HttpSettings};
 use crate::idempotency::{IdempotencyStore, MemoryStore};
 #[cfg(feature = "mcp")]
 use crate::mcp::{self, McpHandler, McpSettings};
-use crate::protection::{self, Protection, RateLimit, RateLimiter};
+use crate::protection::{Protection, RateLimit, RateLimiter};
 use crate::reload::{Reloader, Reloads};
 use crate::runtime::{Runtime, Settings};
 use crate::serve::{self, Server};
@@ -460,26 +460,13 @@ impl App {
             http.keep_alive,
             started.runtime.shutdown_token(),
         ));
-        // One stack, applied once: each `Router::layer` boxes every route again, and a request
-        // clones every box of its route on the way in. Outermost first: CORS; one deadline for
-        // each request body, from the end of its head; the observation (inside the routes, so
-        // the route template is known) around the gate, which attaches the configuration
-        // snapshot and the caller.
-        let router = router.layer(
-            tower::ServiceBuilder::new()
-                .layer(protection::cors(current))
-                .layer(tower_http::timeout::RequestBodyDeadlineLayer::new(
-                    http.body_timeout,
-                ))
-                .map_request(|request: axum::http::Request<_>| request.map(axum::body::Body::new))
-                .layer(axum::middleware::from_fn_with_state(
-                    http::Observed {
-                        metrics: started.runtime.metrics().cloned(),
-                        current: Arc::clone(current),
-                    },
-                    http::observe,
-                )),
-        );
+        // One service around every route, applied once: each `Router::layer` boxes every route
+        // again.
+        let router = router.layer(http::GateLayer::new(
+            current,
+            started.runtime.metrics().cloned(),
+            http.body_timeout,
+        ));
         Ok(Built {
             // Merged only when there are some: a merge drops the fallback the layers wrap.
             router: match routes {

@@ -11,6 +11,7 @@ pub(crate) mod error;
 mod events;
 mod execute;
 mod executions;
+mod gate;
 mod health;
 mod metrics;
 mod openapi;
@@ -30,8 +31,9 @@ use crate::tool_error::{Category, ToolError};
 use crate::wire::{codes, paths};
 
 pub(crate) use documents::{Documents, Features};
+pub(crate) use gate::GateLayer;
 pub(crate) use health::is_probe;
-pub(crate) use metrics::{METRICS_PATH, Observed, observe};
+pub(crate) use metrics::METRICS_PATH;
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
 #[derive(Clone)]
@@ -153,10 +155,10 @@ pub(crate) async fn method_not_allowed() -> ToolError {
     .recoverable(false)
 }
 
-/// Whether reading a body failed because its deadline passed (`RequestBodyDeadlineLayer`).
+/// Whether reading a body failed because its deadline passed (the [`GateLayer`]'s).
 fn body_timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
     std::iter::successors(Some(error), |error| error.source())
-        .any(|error| error.is::<tower_http::timeout::TimeoutError>())
+        .any(|error| error.is::<gate::BodyTimedOut>())
 }
 
 fn body_timeout() -> ToolError {

@@ -7,18 +7,16 @@ mod rate_limit;
 mod redis;
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Request};
 use axum::http::header::ORIGIN;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use futures_util::future::Either;
 use serde_json::json;
-use tower::{Layer, Service};
-use tower_http::cors::{Cors, CorsLayer};
+use tower_http::cors::CorsLayer;
 
 use crate::auth::{self, Authenticator};
 use crate::http::{METRICS_PATH, is_console, is_probe};
@@ -105,74 +103,6 @@ impl Default for Protection {
     }
 }
 
-/// Answers browser preflights and adds CORS headers for the origins of the configuration in
-/// force (none allowed while the list is empty).
-pub(crate) fn cors(current: &Current) -> CorsWhenAllowed {
-    CorsWhenAllowed {
-        current: Arc::clone(current),
-        cors: Arc::new(cors_layer(Arc::clone(current))),
-    }
-}
-
-/// CORS only for a request that carries an `Origin` while origins are configured: any other
-/// request skips the layer (and its `Vary` headers), and a preflight while CORS is off is
-/// carmy's JSON `405` like any other unrouted method. The CORS service is built only for a
-/// cross-origin request, so the route services axum clones for every request carry no copy
-/// of the CORS settings.
-#[derive(Clone)]
-pub(crate) struct CorsWhenAllowed {
-    current: Current,
-    cors: Arc<CorsLayer>,
-}
-
-impl<S: Clone> Layer<S> for CorsWhenAllowed {
-    type Service = CorsWhenAllowedService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        CorsWhenAllowedService {
-            current: Arc::clone(&self.current),
-            cors: Arc::clone(&self.cors),
-            plain: inner,
-        }
-    }
-}
-
-#[derive(Clone)]
-pub(crate) struct CorsWhenAllowedService<S> {
-    current: Current,
-    plain: S,
-    cors: Arc<CorsLayer>,
-}
-
-impl<S> Service<Request> for CorsWhenAllowedService<S>
-where
-    S: Service<Request, Response = Response> + Clone,
-{
-    type Response = Response;
-    type Error = S::Error;
-    type Future = Either<S::Future, <Cors<S> as Service<Request>>::Future>;
-
-    fn poll_ready(
-        &mut self,
-        context: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        self.plain.poll_ready(context)
-    }
-
-    fn call(&mut self, request: Request) -> Self::Future {
-        let cross_origin = request.headers().contains_key(ORIGIN)
-            && !self.current.load().protection.cors_origins.is_empty();
-        // The service that was polled ready answers; a clone stays for the next request.
-        let ready = self.plain.clone();
-        let mut ready = std::mem::replace(&mut self.plain, ready);
-        if cross_origin {
-            Either::Right(self.cors.layer(ready).call(request))
-        } else {
-            Either::Left(ready.call(request))
-        }
-    }
-}
-
 impl Protection {
     /// Version, then caller, then budget; the caller is attached to the request for the
     /// routes.
@@ -252,14 +182,22 @@ impl PeerKey {
 
 /// The gate every route sits behind: the one read of the configuration a request makes
 /// (admission, the route and the response headers all see this snapshot), then admission, whose
-/// refusal is rendered in the transport's own error shape.
-pub(crate) async fn guard(current: &Current, mut request: Request, next: Next) -> Response {
+/// refusal is rendered in the transport's own error shape; `route` answers an admitted request.
+pub(crate) async fn guard<Route, Answered>(
+    current: &Current,
+    mut request: Request,
+    route: Route,
+) -> Response
+where
+    Route: FnOnce(Request) -> Answered,
+    Answered: Future<Output = Response>,
+{
     let settings = current.load_full();
     request.extensions_mut().insert(Arc::clone(&settings));
     let protection = &settings.protection;
     let refuse = refusal_for(request.uri().path());
     let mut response = match protection.admit(request).await {
-        Ok(request) => next.run(request).await,
+        Ok(request) => route(request).await,
         Err(error) => refuse(error),
     };
     let headers = response.headers_mut();
@@ -311,7 +249,7 @@ fn last_forwarded_for(headers: &HeaderMap) -> Option<IpAddr> {
 
 /// CORS for carmy/1 and `/mcp`, for the origins of the configuration in force. A request with
 /// several `Origin`s (which the gate refuses) is granted nothing.
-fn cors_layer(current: Current) -> CorsLayer {
+pub(crate) fn cors_layer(current: Current) -> CorsLayer {
     use tower_http::cors::AllowOrigin;
     let allowed = move |origin: &HeaderValue, request: &axum::http::request::Parts| {
         request.headers.get_all(ORIGIN).iter().count() == 1

@@ -852,9 +852,12 @@ impl Runtime {
         cancel: &CancellationToken,
         events: Option<&EventSender>,
     ) -> Ran {
-        let token = self.shutdown.child_token();
-        // However this future ends (finished, or dropped with its client), whatever the tool
-        // handed to other tasks sees the cancellation.
+        // The tool's own token, not a child of the shutdown token: a child would take the
+        // shutdown token's lock twice per call, for every call of the process. The select below
+        // watches the shutdown instead. However this future ends (finished, cancelled, shut
+        // down, or dropped with its client), whatever the tool handed to other tasks sees the
+        // cancellation.
+        let token = CancellationToken::new();
         let _cancel_on_exit = token.clone().drop_guard();
         let context = Context::new(
             prepared.execution_id.clone(),
@@ -897,7 +900,7 @@ impl Runtime {
                 }
             },
             () = cancel.cancelled() => Ran::Cancelled,
-            () = token.cancelled() => Ran::Cancelled,
+            () = self.shutdown.cancelled() => Ran::Cancelled,
             () = tokio::time::sleep_until(prepared.deadline) => Ran::TimedOut,
         };
         ran

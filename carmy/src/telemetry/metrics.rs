@@ -5,12 +5,15 @@
 //! Adding a metric: a field here, one `register` line in [`Metrics::new`], and a method that
 //! records it.
 
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
 use axum::extract::MatchedPath;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
@@ -94,15 +97,55 @@ struct TrustLabels {
     trust: &'static str,
 }
 
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+/// A family whose series are found again by a fast hash. prometheus-client's `Family` hashes a
+/// lookup's labels with SipHash, about 500 instructions for a route's; here a label set's first
+/// use goes through the family (so the exposition is the family's), and later ones find the
+/// same series (a shared handle) by foldhash. Label values are never raw input, so the map is
+/// as bounded as the family.
+struct Series<L, M, C = fn() -> M> {
+    family: Family<L, M, C>,
+    known: RwLock<HashMap<L, M, foldhash::fast::RandomState>>,
+}
+
+impl<L, M, C> Series<L, M, C>
+where
+    L: Clone + Hash + Eq,
+    M: Clone,
+    C: MetricConstructor<M>,
+{
+    fn new(family: Family<L, M, C>) -> Self {
+        Series {
+            family,
+            known: RwLock::default(),
+        }
+    }
+
+    /// Records on the series of `labels`.
+    fn record(&self, labels: &L, record: impl FnOnce(&M)) {
+        if let Some(series) = self
+            .known
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(labels)
+        {
+            return record(series);
+        }
+        let series = self.family.get_or_create(labels).clone();
+        record(&series);
+        self.known
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(labels.clone(), series);
+    }
+}
 
 /// The metrics of one app and the registry that exposes them.
 pub(crate) struct Metrics {
     registry: Registry,
-    http_duration: HistogramFamily<HttpLabels>,
+    http_duration: Series<HttpLabels, Histogram>,
     http_active: Gauge,
-    executions: Family<ExecutionLabels, Counter>,
-    execution_duration: HistogramFamily<ToolLabels>,
+    executions: Series<ExecutionLabels, Counter>,
+    execution_duration: Series<ToolLabels, Histogram>,
     in_flight: Gauge,
     replays: Counter,
     rate_limited: Family<TrustLabels, Counter>,
@@ -119,10 +162,14 @@ impl Metrics {
     pub(crate) fn new(reloads: &Reloads) -> Self {
         let metrics = Metrics {
             registry: Registry::default(),
-            http_duration: Family::new_with_constructor(|| Histogram::new(HTTP_BUCKETS)),
+            http_duration: Series::new(Family::new_with_constructor(|| {
+                Histogram::new(HTTP_BUCKETS)
+            })),
             http_active: Gauge::default(),
-            executions: Family::default(),
-            execution_duration: Family::new_with_constructor(|| Histogram::new(EXECUTION_BUCKETS)),
+            executions: Series::new(Family::new_with_constructor(Counter::default)),
+            execution_duration: Series::new(Family::new_with_constructor(|| {
+                Histogram::new(EXECUTION_BUCKETS)
+            })),
             in_flight: Gauge::default(),
             replays: Counter::default(),
             rate_limited: Family::default(),
@@ -132,7 +179,7 @@ impl Metrics {
             "http_server_request_duration",
             "Duration of HTTP server requests",
             Unit::Seconds,
-            metrics.http_duration.clone(),
+            metrics.http_duration.family.clone(),
         );
         registry.register(
             "http_server_active_requests",
@@ -142,13 +189,13 @@ impl Metrics {
         registry.register(
             "carmy_executions",
             "Tool executions, by tool and final status",
-            metrics.executions.clone(),
+            metrics.executions.family.clone(),
         );
         registry.register_with_unit(
             "carmy_execution_duration",
             "Duration of tool executions, replays and refusals included",
             Unit::Seconds,
-            metrics.execution_duration.clone(),
+            metrics.execution_duration.family.clone(),
         );
         registry.register(
             "carmy_executions_in_flight",
@@ -212,8 +259,7 @@ impl Metrics {
             http_response_status_code: status,
         };
         self.http_duration
-            .get_or_create(&labels)
-            .observe(elapsed.as_secs_f64());
+            .record(&labels, |series| series.observe(elapsed.as_secs_f64()));
     }
 
     /// A tool started running; it counts as in flight until the guard is dropped.
@@ -232,15 +278,19 @@ impl Metrics {
         elapsed: Duration,
     ) {
         let tool = tool.unwrap_or_default();
-        self.executions
-            .get_or_create(&ExecutionLabels {
+        self.executions.record(
+            &ExecutionLabels {
                 tool,
                 status: status.as_str(),
-            })
-            .inc();
+            },
+            |series| {
+                series.inc();
+            },
+        );
         self.execution_duration
-            .get_or_create(&ToolLabels { tool })
-            .observe(elapsed.as_secs_f64());
+            .record(&ToolLabels { tool }, |series| {
+                series.observe(elapsed.as_secs_f64());
+            });
         if replayed {
             self.replays.inc();
         }
