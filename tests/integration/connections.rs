@@ -145,6 +145,44 @@ async fn a_stalled_body_is_a_json_408() {
     assert_eq!(body["error"]["retryable"], true);
 }
 
+/// The body's deadline runs from the end of the head, whatever the body does meanwhile: a body
+/// that keeps arriving, one byte every 100 ms, is cut at the deadline like a silent one.
+#[tokio::test]
+async fn a_trickling_body_is_cut_at_one_deadline() {
+    let app = tools::app(&Probe::default()).body_timeout(Duration::from_secs(1));
+    let (addr, _stop, _server) = serve(app).await;
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    writer
+        .write_all(b"POST /agent/execute HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..100 {
+            if writer.write_all(b" ").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), reader.read_to_end(&mut answer))
+        .await
+        .expect("the trickling body is answered")
+        .unwrap();
+    let elapsed = start.elapsed();
+    trickle.abort();
+    let (status, body) = parse_answer(&answer);
+    assert_eq!(status, 408, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "REQUEST_TIMEOUT");
+    assert!(
+        elapsed >= Duration::from_millis(900) && elapsed < Duration::from_millis(1_800),
+        "{elapsed:?}"
+    );
+}
+
 #[tokio::test]
 async fn an_idle_connection_is_closed_at_the_idle_timeout() {
     let app = tools::app(&Probe::default())

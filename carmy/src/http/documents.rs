@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
+use axum::body::Body;
 use axum::extract::{Query, Request, State};
 use axum::http::Extensions;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH, LOCATION, VARY};
@@ -371,15 +372,25 @@ pub(super) fn conditional(
     content_type: &HeaderValue,
     body: Bytes,
 ) -> Response {
-    let headers = [(ETAG, etag.clone()), (CACHE_CONTROL, cache_control.clone())];
-    if request
+    let not_modified = request
         .get_all(IF_NONE_MATCH)
         .iter()
-        .any(|value| if_none_match_matches(value, etag))
-    {
-        return (StatusCode::NOT_MODIFIED, headers).into_response();
+        .any(|value| if_none_match_matches(value, etag));
+    let mut response = if not_modified {
+        let mut response = Response::new(Body::empty());
+        *response.status_mut() = StatusCode::NOT_MODIFIED;
+        response
+    } else {
+        Response::new(Body::from(body))
+    };
+    let headers = response.headers_mut();
+    headers.reserve(super::RESPONSE_HEADERS);
+    headers.insert(ETAG, etag.clone());
+    headers.insert(CACHE_CONTROL, cache_control.clone());
+    if !not_modified {
+        headers.insert(CONTENT_TYPE, content_type.clone());
     }
-    (headers, [(CONTENT_TYPE, content_type.clone())], body).into_response()
+    response
 }
 
 /// A strong ETag: the quoted hex SHA-256 of `body`.

@@ -41,9 +41,6 @@ pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
 
 static TRUE: HeaderValue = HeaderValue::from_static("true");
 
-/// The headers of a JSON answer, at most: its own four, the gate's five, `Content-Length`.
-const RESPONSE_HEADERS: usize = 10;
-
 /// What the execute endpoint needs besides the runtime.
 #[derive(Clone)]
 pub(crate) struct ExecuteState {
@@ -269,9 +266,7 @@ fn json_response(outcome: Outcome) -> Response {
     let mut answer = Response::new(Body::from(response.body));
     *answer.status_mut() = status_for(response.category, response.code.as_deref());
     let headers = answer.headers_mut();
-    // Room for what the gate adds (the version, the security headers), so the map is
-    // allocated once.
-    headers.reserve(RESPONSE_HEADERS);
+    headers.reserve(super::RESPONSE_HEADERS);
     headers.insert(CONTENT_TYPE, JSON.clone());
     headers.insert(CACHE_CONTROL, NO_STORE.clone());
     if let Some(after) = retry_after {

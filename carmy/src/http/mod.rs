@@ -35,6 +35,11 @@ pub(crate) use gate::GateLayer;
 pub(crate) use health::is_probe;
 pub(crate) use metrics::METRICS_PATH;
 
+/// The headers of an answer, at most: its own four, the gate's five (the version, the security
+/// headers), `Content-Length`. A route that reserves this much allocates its header map once,
+/// rather than once and again when the gate adds its own.
+const RESPONSE_HEADERS: usize = 10;
+
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
 #[derive(Clone)]
 pub(crate) struct HttpSettings {

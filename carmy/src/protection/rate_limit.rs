@@ -57,14 +57,16 @@ pub struct MemoryRateLimiter {
 
 #[derive(Debug)]
 struct Windows {
-    by_key: HashMap<Box<str>, Window>,
+    /// Hashed by foldhash, seeded per process, rather than SipHash: a lookup on every request.
+    /// The keys an anonymous caller can choose are the addresses it connects from.
+    by_key: HashMap<Box<str>, Window, foldhash::quality::RandomState>,
     last_sweep: Instant,
 }
 
 impl Default for Windows {
     fn default() -> Self {
         Windows {
-            by_key: HashMap::new(),
+            by_key: HashMap::default(),
             last_sweep: Instant::now(),
         }
     }
