@@ -45,7 +45,7 @@ const CLOSE_MARGIN: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct ServerConfig {
     pub(crate) head_timeout: Option<Duration>,
-    /// Applied to the router (`RequestBodyDeadlineLayer`), not to the connections.
+    /// Applied to the router (the gate's body deadline), not to the connections.
     pub(crate) body_timeout: Option<Duration>,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) max_connections: Option<usize>,
