@@ -182,7 +182,14 @@ fn serialize(capacity: usize, body: &Body<'_>) -> Bytes {
 pub(crate) fn with_replayed(body: &[u8], replayed: bool) -> String {
     let body = String::from_utf8_lossy(body);
     let open = body.strip_suffix('}').unwrap_or(&body);
-    format!("{open},\"replayed\":{replayed}}}")
+    let replayed = if replayed { "true" } else { "false" };
+    // Sized once: this is every streamed answer's last event.
+    let mut data = String::with_capacity(open.len() + ",\"replayed\":false}".len());
+    data.push_str(open);
+    data.push_str(",\"replayed\":");
+    data.push_str(replayed);
+    data.push('}');
+    data
 }
 
 /// `tool.progress` data, fields in the protocol's order.
@@ -207,14 +214,41 @@ pub(crate) fn progress_data(execution_id: &str, progress: &crate::context::Progr
     Bytes::from(serde_json::to_vec(&data).expect("progress serializes"))
 }
 
-/// The data of `execution.started`.
+/// `execution.started` data, fields in the protocol's order.
+#[derive(Serialize)]
+struct StartedData<'a> {
+    execution_id: &'a str,
+    tool: &'a str,
+}
+
+/// The data of `execution.started`: serialized straight from its fields, not through a
+/// `serde_json::Value` (every streamed call sends one).
 pub(crate) fn started_data(execution_id: &str, tool: &str) -> String {
-    serde_json::json!({ "execution_id": execution_id, "tool": tool }).to_string()
+    serde_json::to_string(&StartedData { execution_id, tool }).expect("started data serializes")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stream_events_data_is_the_protocols() {
+        assert_eq!(
+            started_data("exec_1", "create_order"),
+            r#"{"execution_id":"exec_1","tool":"create_order"}"#
+        );
+        let odd: Value = serde_json::from_str(&started_data("exec_\"\n", "t\\")).unwrap();
+        assert_eq!(odd["execution_id"], "exec_\"\n");
+        assert_eq!(odd["tool"], "t\\");
+        assert_eq!(
+            with_replayed(br#"{"execution_id":"exec_1","status":"completed"}"#, true),
+            r#"{"execution_id":"exec_1","status":"completed","replayed":true}"#
+        );
+        assert_eq!(
+            with_replayed(br#"{"status":"failed"}"#, false),
+            r#"{"status":"failed","replayed":false}"#
+        );
+    }
 
     #[test]
     fn a_completed_body_is_the_protocols_with_its_fields_in_order() {
