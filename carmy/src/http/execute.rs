@@ -1,7 +1,6 @@
 //! `POST /agent/execute` (`protocol.md` §4): parses the request, drives the runtime, and
 //! answers with JSON or Server-Sent Events. A client that goes away cancels the execution.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +9,6 @@ use axum::extract::{Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::Stream;
@@ -23,6 +21,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::error::status_for;
 use super::requester::requester;
+use super::sse;
 use crate::catalog::Catalog;
 use crate::context::{Event, EventReceiver, event_channel};
 use crate::executions::running_body;
@@ -286,41 +285,32 @@ fn stream(
     cancel: CancellationToken,
     guard: DropGuard,
 ) -> Response {
-    let (events, event_receiver) = event_channel();
-    let (done, outcome) = oneshot::channel();
+    let (sender, receiver) = event_channel();
     let runtime = state.runtime;
-    // A tool that ends at once is answered with both events ready, in one write and without a
-    // task. One that waits runs on in its own task, whatever the client's pace of reading (its
-    // deadline included).
-    match runtime::poll_once(async move { runtime.execute(call, cancel, Some(events)).await }) {
-        Ok(ended) => {
-            let _ = done.send(ended);
-        }
-        Err(waiting) => {
-            tokio::spawn(async move {
-                let _ = done.send(waiting.await);
-            });
-        }
-    }
     let events = EventStream {
-        events: event_receiver,
-        outcome,
+        events: receiver,
         next_id: 1,
         execution_id: None,
         guard: Some(guard),
     };
-    let mut response = Sse::new(events.into_stream())
-        .keep_alive(KeepAlive::new().interval(state.keep_alive))
-        .into_response();
-    response
-        .headers_mut()
-        .insert(CACHE_CONTROL, NO_STORE.clone());
-    response
+    match runtime::poll_once(async move { runtime.execute(call, cancel, Some(sender)).await }) {
+        // A tool that ends at once is answered with all its events in one body: no task, no
+        // stream, no keep-alive timer.
+        Ok(ended) => sse::response(Body::from(events.all(&ended))),
+        // One that waits runs on in its own task, whatever the client's pace of reading (its
+        // deadline included).
+        Err(waiting) => {
+            let (done, outcome) = oneshot::channel();
+            tokio::spawn(async move {
+                let _ = done.send(waiting.await);
+            });
+            sse::response(sse::streamed(events.into_stream(outcome), state.keep_alive))
+        }
+    }
 }
 
 struct EventStream {
     events: EventReceiver,
-    outcome: oneshot::Receiver<Outcome>,
     next_id: u64,
     /// Known once `execution.started` was sent.
     execution_id: Option<Arc<str>>,
@@ -329,52 +319,58 @@ struct EventStream {
 }
 
 impl EventStream {
-    fn into_stream(self) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-        futures_util::stream::unfold(self, |mut state| async move {
+    /// Every event of an execution that has ended, framed into one buffer.
+    fn all(mut self, outcome: &Outcome) -> Vec<u8> {
+        let mut frames = Vec::new();
+        while let Some(event) = self.events.try_recv() {
+            self.runtime_event(&mut frames, event);
+        }
+        self.completed(&mut frames, outcome);
+        frames
+    }
+
+    /// The events as they come, each a frame of its own, until the execution's outcome.
+    fn into_stream(self, outcome: oneshot::Receiver<Outcome>) -> impl Stream<Item = Bytes> {
+        futures_util::stream::unfold((self, outcome), |(mut state, mut outcome)| async move {
             // Ended once the answer was sent.
             state.guard.as_ref()?;
-            let event = tokio::select! {
+            let mut frame = Vec::new();
+            tokio::select! {
                 biased;
-                event = state.events.recv() => state.runtime_event(event),
-                outcome = &mut state.outcome => {
-                    let outcome = outcome.ok()?;
-                    state.completed(&outcome)
-                }
-            };
-            Some((Ok(event), state))
+                event = state.events.recv() => state.runtime_event(&mut frame, event),
+                ended = &mut outcome => state.completed(&mut frame, &ended.ok()?),
+            }
+            Some((Bytes::from(frame), (state, outcome)))
         })
     }
 
-    fn runtime_event(&mut self, event: Event) -> SseEvent {
+    fn runtime_event(&mut self, frames: &mut Vec<u8>, event: Event) {
         match event {
             Event::Started { execution_id, tool } => {
                 let data = response::started_data(&execution_id, &tool);
                 self.execution_id = Some(execution_id);
-                self.event("execution.started", &data)
+                self.append(frames, "execution.started", data.as_bytes());
             }
             Event::Progress(progress) => {
                 let execution_id = self.execution_id.as_deref().unwrap_or_default();
                 let data = response::progress_data(execution_id, &progress);
-                self.event("tool.progress", &String::from_utf8_lossy(&data))
+                self.append(frames, "tool.progress", &data);
             }
         }
     }
 
     /// The last event: queued progress was sent first, since the select is biased to events.
-    fn completed(&mut self, outcome: &Outcome) -> SseEvent {
+    fn completed(&mut self, frames: &mut Vec<u8>, outcome: &Outcome) {
         if let Some(guard) = self.guard.take() {
             guard.disarm();
         }
         let data = response::with_replayed(&outcome.response.body, outcome.replayed);
-        self.event("execution.completed", &data)
+        self.append(frames, "execution.completed", data.as_bytes());
     }
 
-    fn event(&mut self, name: &str, data: &str) -> SseEvent {
+    fn append(&mut self, frames: &mut Vec<u8>, name: &str, data: &[u8]) {
         let id = self.next_id;
         self.next_id += 1;
-        SseEvent::default()
-            .event(name)
-            .id(id.to_string())
-            .data(data)
+        sse::append(frames, name, id, data);
     }
 }

@@ -2,7 +2,6 @@
 //! replayed and followed over SSE, cancelled, and listed a page at a time.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Router;
@@ -10,7 +9,6 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures_util::StreamExt;
@@ -18,6 +16,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::error::status_for;
+use super::sse;
 use crate::executions::{
     self, DEFAULT_PAGE, Executions, MAX_PAGE, RETRY_AFTER as RUNNING_RETRY_AFTER,
 };
@@ -157,21 +156,8 @@ async fn events(
         .events(&caller(&request), &execution_id, after)
         .await?
         .ok_or_else(not_found)?;
-    let events = events.map(|event| {
-        Ok::<_, Infallible>(
-            SseEvent::default()
-                .event(event.name)
-                .id(event.id.to_string())
-                .data(event.data),
-        )
-    });
-    let mut response = Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(state.keep_alive))
-        .into_response();
-    response
-        .headers_mut()
-        .insert(CACHE_CONTROL, NO_STORE.clone());
-    Ok(response)
+    let frames = events.map(|event| sse::frame(event.name, event.id, event.data.as_bytes()));
+    Ok(sse::response(sse::streamed(frames, state.keep_alive)))
 }
 
 /// `Last-Event-ID`: resume after that event; absent, from the start.

@@ -16,6 +16,7 @@ mod health;
 mod metrics;
 mod openapi;
 mod requester;
+mod sse;
 
 use std::sync::Arc;
 use std::time::Duration;
