@@ -2,27 +2,32 @@
 //! router: timeouts on the request head and on idle connections, a cap on open connections, and
 //! a graceful shutdown that always ends.
 //!
-//! hyper does the HTTP: its HTTP/1 `header_read_timeout` bounds each head after the first.
-//! hyper-util's protocol detection (HTTP/1 or the HTTP/2 preface) has no timeout of its own,
-//! so the first head, and any wait with no request in flight, is bounded here.
+//! hyper does the HTTP; the deadlines are kept here, per connection rather than per request:
+//! the first head (hyper-util's protocol detection has no timeout of its own), each later
+//! HTTP/1 head from its first byte, and any wait with no request in flight. hyper's own
+//! `header_read_timeout` would arm a timer for every request, and would also hold a keep-alive
+//! connection waiting for its next request to the head timeout instead of the idle one.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::http::{Request, Response};
+use axum::http::{Request, Response, Version};
+use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -97,15 +102,15 @@ impl Server {
         }
     }
 
-    /// How long a client has to send a whole request head, from the moment the connection is
-    /// accepted or goes idle: one deadline, not reset by each byte (default 10 s, at most 15).
+    /// How long a client has to send a whole request head: the first from the moment the
+    /// connection is accepted, a later one over HTTP/1 from its first byte; one deadline, not
+    /// reset by each byte (default 10 s, at most 15).
     pub fn head_timeout(mut self, timeout: Duration) -> Self {
         self.head_timeout = timeout;
         self
     }
 
     /// How long a connection with no request in flight stays open (default 60 s, at most 75).
-    /// An HTTP/1 connection waiting for its next request is also held to the head timeout.
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
         self
@@ -275,10 +280,8 @@ impl Server {
 
     fn builder(&self) -> auto::Builder<TokioExecutor> {
         let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(self.head_timeout);
+        // The head deadlines are the connection's (see `expiry`), not a timer per request.
+        builder.http1().header_read_timeout(None);
         builder
     }
 }
@@ -357,10 +360,13 @@ impl Connection {
             peer_key: PeerKey::of(peer.ip()),
             activity: Arc::clone(&activity),
         };
-        let connection = watcher.watch(
-            self.builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service),
-        );
+        let connection = watcher.watch(self.builder.serve_connection_with_upgrades(
+            TokioIo::new(WatchedStream {
+                stream,
+                activity: Arc::clone(&activity),
+            }),
+            service,
+        ));
         tokio::select! {
             result = connection => {
                 if let Err(error) = result {
@@ -375,9 +381,10 @@ impl Connection {
     }
 }
 
-/// The requests of one connection: how many are in flight, how many have started, and since
-/// when none is in flight. Counted without waking anything: a wake-up per request would poll
-/// the whole connection (and its socket) again; [`expiry`] looks on its own schedule.
+/// The requests of one connection: how many are in flight, how many have started, since when
+/// none is in flight, and since when the next HTTP/1 head has been arriving. Counted without
+/// waking anything: a wake-up per request would poll the whole connection (and its socket)
+/// again; [`expiry`] looks on its own schedule.
 #[derive(Debug)]
 struct Activity {
     opened: tokio::time::Instant,
@@ -385,7 +392,13 @@ struct Activity {
     started: AtomicU64,
     /// Milliseconds from `opened` to the end of the last request.
     idle_since_ms: AtomicU64,
+    /// Milliseconds from `opened` to the first byte of a head not yet whole, or [`NO_HEAD`].
+    head_since_ms: AtomicU64,
+    /// HTTP/2: requests are streams, and bytes between them (pings, settings) are no head.
+    multiplexed: AtomicBool,
 }
+
+const NO_HEAD: u64 = u64::MAX;
 
 impl Activity {
     fn new() -> Self {
@@ -394,36 +407,110 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(0),
+            head_since_ms: AtomicU64::new(NO_HEAD),
+            multiplexed: AtomicBool::new(false),
+        }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(NO_HEAD - 1)
+    }
+
+    /// Bytes arrived: with no request in flight on an HTTP/1 connection that has served one,
+    /// they begin the next head, whose deadline starts now.
+    fn bytes_read(&self) {
+        if self.in_flight.load(Ordering::Acquire) == 0
+            && self.head_since_ms.load(Ordering::Acquire) == NO_HEAD
+            && self.started.load(Ordering::Acquire) > 0
+            && !self.multiplexed.load(Ordering::Acquire)
+        {
+            self.head_since_ms
+                .store(self.elapsed_ms(), Ordering::Release);
         }
     }
 }
 
-/// Resolves when the connection has had no request in flight for too long: the head timeout
-/// before its first request (this covers protocol detection, which has no timeout of its own),
-/// the idle timeout after the last one ended.
+pin_project_lite::pin_project! {
+    /// A connection's socket, telling its [`Activity`] when bytes arrive.
+    struct WatchedStream {
+        #[pin]
+        stream: TcpStream,
+        activity: Arc<Activity>,
+    }
+}
+
+impl AsyncRead for WatchedStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffer: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.project();
+        let before = buffer.filled().len();
+        ready!(this.stream.poll_read(context, buffer))?;
+        if buffer.filled().len() > before {
+            this.activity.bytes_read();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for WatchedStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        bytes: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.project().stream.poll_write(context, bytes)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffers: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        self.project().stream.poll_write_vectored(context, buffers)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().stream.poll_flush(context)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().stream.poll_shutdown(context)
+    }
+}
+
+/// Resolves when the connection has waited too long for a request: the head timeout before
+/// its first request (this covers protocol detection, which has no timeout of its own) and,
+/// over HTTP/1, from the first byte of each later head; the idle timeout after the last
+/// request ended.
 async fn expiry(activity: &Activity, head: Duration, idle: Duration) {
     loop {
         let now = tokio::time::Instant::now();
-        let waiting_for_first = activity.started.load(Ordering::Acquire) == 0;
-        let deadline = if waiting_for_first {
+        let deadline = if activity.started.load(Ordering::Acquire) == 0 {
             activity.opened + head
         } else if activity.in_flight.load(Ordering::Acquire) > 0 {
             now + idle
         } else {
-            let idle_since = activity.idle_since_ms.load(Ordering::Acquire);
-            activity.opened + Duration::from_millis(idle_since) + idle
+            match activity.head_since_ms.load(Ordering::Acquire) {
+                NO_HEAD => {
+                    let idle_since = activity.idle_since_ms.load(Ordering::Acquire);
+                    activity.opened + Duration::from_millis(idle_since) + idle
+                }
+                head_since => activity.opened + Duration::from_millis(head_since) + head,
+            }
         };
         if deadline <= now {
             return;
         }
-        // Nothing announces the first request: look again within `idle`, whose deadline may
-        // come before the head timeout's once that request has ended.
-        let wake = if waiting_for_first {
-            deadline.min(now + idle)
-        } else {
-            deadline
-        };
-        tokio::time::sleep_until(wake).await;
+        // Nothing announces a request or a head: look again within the shorter timeout, so
+        // that a deadline starting meanwhile is kept to.
+        tokio::time::sleep_until(deadline.min(now + head.min(idle))).await;
     }
 }
 
@@ -437,27 +524,53 @@ struct ConnectionService {
     activity: Arc<Activity>,
 }
 
-type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
-
 impl hyper::service::Service<Request<Incoming>> for ConnectionService {
     type Response = Response<Body>;
     type Error = Infallible;
     type Future = ResponseFuture;
 
     fn call(&self, mut request: Request<Incoming>) -> Self::Future {
+        if request.version() == Version::HTTP_2 {
+            self.activity.multiplexed.store(true, Ordering::Release);
+        }
         request.extensions_mut().insert(ConnectInfo(self.peer));
         request.extensions_mut().insert(self.peer_key.clone());
-        let in_flight = InFlight::start(&self.activity);
-        let response = tower::ServiceExt::oneshot(self.router.clone(), request);
-        Box::pin(async move {
-            let response = response.await?;
-            Ok(response.map(|body| {
-                Body::new(body.map_frame(move |frame| {
-                    let _in_flight = &in_flight;
-                    frame
-                }))
-            }))
-        })
+        ResponseFuture {
+            in_flight: Some(InFlight::start(&self.activity)),
+            response: tower::ServiceExt::oneshot(self.router.clone(), request),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The router's answer to one request, which stays in flight until its body has been
+    /// handed to hyper.
+    struct ResponseFuture {
+        #[pin]
+        response: tower::util::Oneshot<Router, Request<Incoming>>,
+        in_flight: Option<InFlight>,
+    }
+}
+
+impl Future for ResponseFuture {
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = ready!(this.response.poll(context))?;
+        // A body of known length goes to hyper whole, with the head: the request ends with
+        // it. One that streams (events) keeps the request in flight until it ends.
+        Poll::Ready(Ok(match this.in_flight.take() {
+            Some(in_flight) if response.body().size_hint().exact().is_none() => {
+                response.map(|body| {
+                    Body::new(body.map_frame(move |frame| {
+                        let _in_flight = &in_flight;
+                        frame
+                    }))
+                })
+            }
+            _ => response,
+        }))
     }
 }
 
@@ -468,6 +581,7 @@ impl InFlight {
     fn start(activity: &Arc<Activity>) -> Self {
         activity.in_flight.fetch_add(1, Ordering::AcqRel);
         activity.started.fetch_add(1, Ordering::AcqRel);
+        activity.head_since_ms.store(NO_HEAD, Ordering::Release);
         InFlight(Arc::clone(activity))
     }
 }
@@ -475,8 +589,9 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         let activity = &self.0;
-        let ended = u64::try_from(activity.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
-        activity.idle_since_ms.store(ended, Ordering::Release);
+        activity
+            .idle_since_ms
+            .store(activity.elapsed_ms(), Ordering::Release);
         activity.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }

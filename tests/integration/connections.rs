@@ -205,6 +205,95 @@ async fn an_idle_connection_is_closed_at_the_idle_timeout() {
     );
 }
 
+/// Sends one request on `stream` and reads its answer's head (the discovery document fits in
+/// one read on loopback).
+async fn one_request(stream: &mut TcpStream) {
+    stream
+        .write_all(b"GET /.well-known/agent HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buffer = [0_u8; 4096];
+    let read = stream.read(&mut buffer).await.unwrap();
+    assert!(buffer[..read].starts_with(b"HTTP/1.1 200"), "{read}");
+}
+
+/// Waiting for its next request, a keep-alive connection is idle: the head timeout starts with
+/// the head's first byte, not when the connection goes idle.
+#[tokio::test]
+async fn a_keep_alive_connection_waits_the_idle_timeout_for_its_next_request() {
+    let app = tools::app(&Probe::default())
+        .head_timeout(Duration::from_secs(1))
+        .idle_timeout(Duration::from_secs(3));
+    let (addr, _stop, _server) = serve(app).await;
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    one_request(&mut stream).await;
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    one_request(&mut stream).await;
+    let closed = closed_after(&mut stream, Duration::from_secs(6)).await;
+    let closed = closed.expect("an idle keep-alive connection is closed");
+    assert!(
+        closed >= Duration::from_millis(2_800) && closed < Duration::from_millis(3_800),
+        "{closed:?}"
+    );
+}
+
+/// A later head is held to the head timeout from its first byte, like the first one.
+#[tokio::test]
+async fn a_trickled_second_head_is_cut_at_one_deadline() {
+    let app = tools::app(&Probe::default())
+        .head_timeout(Duration::from_secs(1))
+        .idle_timeout(Duration::from_secs(5));
+    let (addr, _stop, _server) = serve(app).await;
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    one_request(&mut stream).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let (mut reader, mut writer) = stream.into_split();
+    let start = Instant::now();
+    let trickle = tokio::spawn(async move {
+        for byte in b"GET /.well-known/agent HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+            if writer.write_all(&[*byte]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut buffer = [0_u8; 256];
+    let read = tokio::time::timeout(Duration::from_secs(5), reader.read(&mut buffer)).await;
+    let elapsed = start.elapsed();
+    trickle.abort();
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the trickling head is cut without an answer: {read:?}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(900) && elapsed < Duration::from_millis(1_800),
+        "{elapsed:?}"
+    );
+}
+
+/// A request in flight is never idle: a call, and a stream of its events, longer than the idle
+/// timeout (and the head timeout) are answered whole.
+#[tokio::test]
+async fn calls_and_streams_longer_than_the_idle_timeout_are_answered_whole() {
+    let app = tools::app(&Probe::default())
+        .head_timeout(Duration::from_secs(1))
+        .idle_timeout(Duration::from_secs(1));
+    let (addr, _stop, _server) = serve(app).await;
+    let body = r#"{"tool":"slow_read","arguments":{"millis":1500}}"#;
+    for accept in ["application/json", "text/event-stream"] {
+        let request = format!(
+            "POST /agent/execute HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAccept: {accept}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (status, answer) = raw(addr, request.as_bytes()).await;
+        assert_eq!(status, 200, "{accept}: {answer}");
+        assert!(
+            answer.contains(r#""status":"completed""#),
+            "{accept}: {answer}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn at_the_connection_cap_a_client_waits_at_most_the_head_timeout() {
     let app = tools::app(&Probe::default())
