@@ -127,8 +127,9 @@ impl Events {
     }
 
     /// Writes the event for every enabled subscription that wants it, durably once this
-    /// returns. Never fails its caller: a store that cannot take it is logged.
-    pub(crate) async fn publish(&self, kind: EventType, data: Value) {
+    /// returns; its `data` is built only then. Never fails its caller: a store that cannot
+    /// take it is logged.
+    pub(crate) async fn publish(&self, kind: EventType, data: impl FnOnce() -> Value) {
         let Some(settings) = self.settings() else {
             return;
         };
@@ -170,7 +171,7 @@ impl Events {
                 json!({
                     "type": kind.as_str(),
                     "timestamp": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-                    "data": data,
+                    "data": data(),
                 })
                 .to_string(),
             ),

@@ -392,7 +392,7 @@ async fn disable(events: &Events, id: &str, reason: &str) {
     events
         .publish(
             EventType::SubscriptionDisabled,
-            json!({ "id": &*stored.id, "url": stored.url, "reason": reason }),
+            || json!({ "id": &*stored.id, "url": stored.url, "reason": reason }),
         )
         .await;
 }
@@ -468,7 +468,7 @@ pub(crate) async fn forward_changes(
         let Some(events) = events.upgrade() else {
             return;
         };
-        events.publish(kind, data).await;
+        events.publish(kind, || data).await;
     }
 }
 

@@ -17,7 +17,7 @@ use axum::http::{HeaderName, Method};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http_body::{Frame, SizeHint};
+use http_body::{Body as _, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service, ServiceExt};
 use tower_http::cors::CorsLayer;
@@ -131,8 +131,13 @@ impl Shared {
         S: Service<Request, Response = Response, Error = Infallible>,
     {
         let started = Instant::now();
-        let deadline = started + self.body_timeout;
-        let request = request.map(|body| Body::new(DeadlineBody::new(body, deadline)));
+        // A request without a body (most `GET`s) has nothing to wait for.
+        let request = if request.body().is_end_stream() {
+            request
+        } else {
+            let deadline = started + self.body_timeout;
+            request.map(|body| Body::new(DeadlineBody::new(body, deadline)))
+        };
         let method = method_label(request.method());
         let matched = request.extensions().get::<MatchedPath>().cloned();
         let route = matched.as_ref().map(MatchedPath::as_str);

@@ -2,7 +2,6 @@
 
 mod outbox;
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -53,7 +52,9 @@ const MAX_SHARDS: usize = 64;
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     limits: Limits,
-    hasher: RandomState,
+    /// Picks a key's shard: foldhash, seeded per process, rather than SipHash, which each
+    /// shard's table keeps against colliding keys.
+    shard_hasher: foldhash::quality::RandomState,
     executions: ProcessExecutions,
     outbox: MemoryOutbox,
 }
@@ -180,7 +181,7 @@ impl MemoryStore {
                 })
                 .collect(),
             limits,
-            hasher: RandomState::new(),
+            shard_hasher: foldhash::quality::RandomState::default(),
             executions: ProcessExecutions::new(max_bytes),
             outbox: MemoryOutbox::new(max_bytes),
         }
@@ -221,7 +222,7 @@ impl MemoryStore {
     }
 
     fn shard(&self, key: &IdempotencyKey) -> MutexGuard<'_, Shard> {
-        let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
+        let index = (self.shard_hasher.hash_one(key) as usize) % self.shards.len();
         self.lock(index)
     }
 

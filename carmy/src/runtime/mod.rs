@@ -725,12 +725,15 @@ impl Runtime {
         if let Some(events) = &self.events
             && (prepared.kept || prepared.idempotency.is_some())
         {
-            let data = serde_json::json!({
-                "execution_id": &*prepared.execution_id,
-                "tool": prepared.tool.name,
-                "status": outcome.response.status.as_str(),
-                "caller": prepared.principal.id(),
-            });
+            // Built only when some subscription takes the event.
+            let data = || {
+                serde_json::json!({
+                    "execution_id": &*prepared.execution_id,
+                    "tool": prepared.tool.name,
+                    "status": outcome.response.status.as_str(),
+                    "caller": prepared.principal.id(),
+                })
+            };
             events
                 .publish(crate::events::EventType::ExecutionFinished, data)
                 .await;
