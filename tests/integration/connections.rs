@@ -85,14 +85,11 @@ async fn a_silent_connection_is_closed_at_the_head_timeout() {
     );
 }
 
-#[tokio::test]
-async fn a_trickled_head_is_cut_at_one_deadline() {
-    let app = tools::app(&Probe::default()).head_timeout(Duration::from_secs(1));
-    let (addr, _stop, _server) = serve(app).await;
-    let stream = TcpStream::connect(addr).await.unwrap();
+/// Trickles a request head on `stream`, one byte every 100 ms (each byte would reset a per-read
+/// timeout), until the server cuts it; how long that took, from the first byte.
+async fn cut_while_trickling_a_head(stream: TcpStream) -> Duration {
     let (mut reader, mut writer) = stream.into_split();
     let start = Instant::now();
-    // One byte every 100 ms: each byte would reset a per-read timeout.
     let trickle = tokio::spawn(async move {
         for byte in b"GET /.well-known/agent HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
             if writer.write_all(&[*byte]).await.is_err() {
@@ -109,6 +106,15 @@ async fn a_trickled_head_is_cut_at_one_deadline() {
         matches!(read, Ok(Ok(0) | Err(_))),
         "the trickling head is cut without an answer: {read:?}"
     );
+    elapsed
+}
+
+#[tokio::test]
+async fn a_trickled_head_is_cut_at_one_deadline() {
+    let app = tools::app(&Probe::default()).head_timeout(Duration::from_secs(1));
+    let (addr, _stop, _server) = serve(app).await;
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let elapsed = cut_while_trickling_a_head(stream).await;
     assert!(elapsed < Duration::from_millis(1_800), "{elapsed:?}");
 }
 
@@ -183,28 +189,6 @@ async fn a_trickling_body_is_cut_at_one_deadline() {
     );
 }
 
-#[tokio::test]
-async fn an_idle_connection_is_closed_at_the_idle_timeout() {
-    let app = tools::app(&Probe::default())
-        .head_timeout(Duration::from_secs(3))
-        .idle_timeout(Duration::from_secs(1));
-    let (addr, _stop, _server) = serve(app).await;
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(b"GET /.well-known/agent HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut buffer = [0_u8; 4096];
-    let read = stream.read(&mut buffer).await.unwrap();
-    assert!(buffer[..read].starts_with(b"HTTP/1.1 200"));
-    let closed = closed_after(&mut stream, Duration::from_secs(5)).await;
-    let closed = closed.expect("an idle keep-alive connection is closed");
-    assert!(
-        closed >= Duration::from_millis(800) && closed < Duration::from_millis(1_800),
-        "{closed:?}"
-    );
-}
-
 /// Sends one request on `stream` and reads its answer's head (the discovery document fits in
 /// one read on loopback).
 async fn one_request(stream: &mut TcpStream) {
@@ -215,6 +199,22 @@ async fn one_request(stream: &mut TcpStream) {
     let mut buffer = [0_u8; 4096];
     let read = stream.read(&mut buffer).await.unwrap();
     assert!(buffer[..read].starts_with(b"HTTP/1.1 200"), "{read}");
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_at_the_idle_timeout() {
+    let app = tools::app(&Probe::default())
+        .head_timeout(Duration::from_secs(3))
+        .idle_timeout(Duration::from_secs(1));
+    let (addr, _stop, _server) = serve(app).await;
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    one_request(&mut stream).await;
+    let closed = closed_after(&mut stream, Duration::from_secs(5)).await;
+    let closed = closed.expect("an idle keep-alive connection is closed");
+    assert!(
+        closed >= Duration::from_millis(800) && closed < Duration::from_millis(1_800),
+        "{closed:?}"
+    );
 }
 
 /// Waiting for its next request, a keep-alive connection is idle: the head timeout starts with
@@ -247,24 +247,7 @@ async fn a_trickled_second_head_is_cut_at_one_deadline() {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     one_request(&mut stream).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    let (mut reader, mut writer) = stream.into_split();
-    let start = Instant::now();
-    let trickle = tokio::spawn(async move {
-        for byte in b"GET /.well-known/agent HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
-            if writer.write_all(&[*byte]).await.is_err() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
-    let mut buffer = [0_u8; 256];
-    let read = tokio::time::timeout(Duration::from_secs(5), reader.read(&mut buffer)).await;
-    let elapsed = start.elapsed();
-    trickle.abort();
-    assert!(
-        matches!(read, Ok(Ok(0) | Err(_))),
-        "the trickling head is cut without an answer: {read:?}"
-    );
+    let elapsed = cut_while_trickling_a_head(stream).await;
     assert!(
         elapsed >= Duration::from_millis(900) && elapsed < Duration::from_millis(1_800),
         "{elapsed:?}"
