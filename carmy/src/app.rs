@@ -62,11 +62,13 @@ pub struct App {
     routes: Option<axum::Router>,
 }
 
-/// A built app: its router, its runtime and its configuration snapshot.
+/// A built app: its router, its runtime, its configuration snapshot and the gate its routes
+/// sit behind.
 pub(crate) struct Built {
     pub(crate) router: axum::Router,
     pub(crate) runtime: Arc<Runtime>,
     pub(crate) current: Current,
+    pub(crate) gate: http::GateLayer,
 }
 
 impl std::fmt::Debug for App {
@@ -377,12 +379,13 @@ impl App {
             router,
             runtime,
             current: _,
+            gate,
         } = self.build()?;
         tracing::info!(addr = %listener.local_addr()?, "serving carmy/1");
-        // The whole server is carmy's: every unknown path gets the JSON 404, and every other
-        // method on a path the host added the JSON 405.
+        // The whole server is carmy's: every unknown path gets the JSON 404, behind the gate
+        // like every carmy answer, and every other method on a path the host added the JSON 405.
         let router = router
-            .fallback(http::route_not_found)
+            .fallback_service(gate.endpoints(()).handler(http::route_not_found))
             .method_not_allowed_fallback(http::method_not_allowed);
         server.run(listener, router, shutdown, Some(runtime)).await;
         Ok(())
@@ -440,7 +443,13 @@ impl App {
         let started = self.start()?;
         started.reloader.watch();
         let current = &started.current;
+        let gate = http::GateLayer::new(
+            current,
+            started.runtime.metrics().cloned(),
+            http.body_timeout,
+        );
         let router = http::router(
+            &gate,
             Arc::clone(&started.runtime),
             started.reloader,
             current,
@@ -451,6 +460,7 @@ impl App {
         );
         #[cfg(feature = "mcp")]
         let router = router.merge(mcp::router(
+            &gate,
             McpHandler::new(
                 &started.name,
                 Arc::clone(&started.runtime),
@@ -460,21 +470,19 @@ impl App {
             http.keep_alive,
             started.runtime.shutdown_token(),
         ));
-        // One service around every route, applied once: each `Router::layer` boxes every route
-        // again.
-        let router = router.layer(http::GateLayer::new(
-            current,
-            started.runtime.metrics().cloned(),
-            http.body_timeout,
-        ));
+        let router = match routes {
+            Some(routes) => router.merge(routes),
+            None => router,
+        };
+        // A path no route has gets axum's empty `404` behind the gate too. Merged last: of two
+        // default fallbacks, a merge keeps the merged router's, and a host's own fallback still
+        // wins over it.
+        let router = router.merge(axum::Router::new().layer(gate.clone()));
         Ok(Built {
-            // Merged only when there are some: a merge drops the fallback the layers wrap.
-            router: match routes {
-                Some(routes) => router.merge(routes),
-                None => router,
-            },
+            router,
             runtime: started.runtime,
             current: started.current,
+            gate,
         })
     }
 

@@ -465,6 +465,12 @@ async fn app_serve_answers_every_unknown_path_with_json_but_hyper_answers_bad_he
     assert_eq!(status, 404);
     let body: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(body["error"]["code"], "ROUTE_NOT_FOUND");
+    // Behind the gate like every carmy answer: it carries the protocol version.
+    let request = axum::http::Request::get("/nope")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let missing = carmy_tests::send_to(addr, request).await;
+    assert_eq!(missing.header("carmy-version"), Some("1.0"));
     // The documented exceptions: hyper's parser answers these itself, without a body.
     let mut too_many_headers = b"GET / HTTP/1.1\r\n".to_vec();
     for index in 0..101 {

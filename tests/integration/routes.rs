@@ -48,6 +48,52 @@ async fn wrong_method_is_a_json_405() {
     }
 }
 
+/// Every route is wrapped in the gate where it is made: each answer, refusal, `405` and `404`
+/// under carmy's paths carries the version the gate writes, whichever router the route is in.
+#[tokio::test]
+async fn every_route_and_method_passes_the_gate() {
+    let router = shop::app().router().unwrap();
+    for (method, path) in [
+        (Method::GET, "/.well-known/agent"),
+        (Method::GET, "/agent/tools"),
+        (Method::GET, "/agent/openapi.json"),
+        (Method::POST, "/agent/execute"),
+        (Method::POST, "/agent/tools/create_order"),
+        (Method::GET, "/agent/health"),
+        (Method::GET, "/agent/health/live"),
+        (Method::GET, "/agent/health/ready"),
+        (Method::GET, "/agent/executions"),
+        (Method::DELETE, "/agent/executions/exec_x"),
+        (Method::GET, "/agent/executions/exec_x/events"),
+        (Method::POST, "/agent/admin/reload"),
+        (Method::GET, "/agent/admin/reload"),
+        (Method::GET, "/agent/events/subscriptions"),
+        (Method::PUT, "/agent/events/subscriptions"),
+        (Method::GET, "/agent/console/"),
+        (Method::POST, "/agent/console/"),
+        (Method::POST, "/mcp"),
+        (Method::PUT, "/agent/tools"),
+        (Method::PUT, "/agent/execute"),
+        (Method::PATCH, "/agent/health"),
+        (Method::GET, "/agent/nope"),
+        (Method::GET, "/.well-known/agent/nope"),
+        (Method::GET, "/mcp/nope"),
+    ] {
+        let request = Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .body(Body::empty())
+            .unwrap();
+        let answer = send(&router, request).await;
+        assert_eq!(
+            answer.header("carmy-version"),
+            Some("1.0"),
+            "{method} {path}: {}",
+            answer.status
+        );
+    }
+}
+
 #[tokio::test]
 async fn host_routes_and_layers_compose_with_the_carmy_router() {
     let router = shop::app()

@@ -8,9 +8,9 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use serde_json::json;
 
+use super::GateLayer;
 use crate::reload::{ReloadError, Reloaded, Reloader, Trigger};
 use crate::tool_error::ToolError;
 use crate::wire::{JSON, NO_STORE, codes, paths};
@@ -18,10 +18,14 @@ use crate::wire::{JSON, NO_STORE, codes, paths};
 /// The permission that opens the route to a caller below `internal`.
 const MANAGE_CONFIG: &str = "manage:config";
 
-pub(crate) fn router(reloader: Arc<Reloader>) -> Router {
-    Router::new()
-        .route(paths::ADMIN_RELOAD, post(reload).fallback(wrong_method))
-        .with_state(reloader)
+pub(crate) fn router(gate: &GateLayer, reloader: Arc<Reloader>) -> Router {
+    let admin = gate.endpoints(reloader);
+    Router::new().route(
+        paths::ADMIN_RELOAD,
+        admin
+            .post(reload)
+            .fallback_service(admin.handler(wrong_method)),
+    )
 }
 
 /// Another method: `405` to a caller who may reload, the unknown route's `404` to anyone else,

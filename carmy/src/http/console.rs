@@ -12,6 +12,9 @@ use axum::http::header::{
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use tower::Layer;
+
+use super::GateLayer;
 use bytes::Bytes;
 
 use super::documents::{conditional, etag_of};
@@ -96,13 +99,23 @@ static ASSETS: LazyLock<[Asset; 4]> = LazyLock::new(|| {
 });
 
 /// The console's routes, gzip-compressed for clients that accept it.
-pub(super) fn router() -> Router {
+pub(super) fn router(gate: &GateLayer) -> Router {
     let base = CONSOLE_URL.trim_end_matches('/');
-    Router::new()
-        .route(base, get(to_console))
-        .route(CONSOLE_URL, get(page))
-        .route(&format!("{CONSOLE_URL}{{file}}"), get(file))
-        .layer(tower_http::compression::CompressionLayer::new())
+    let files = format!("{CONSOLE_URL}{{file}}");
+    // Compressed inside the gate: the console's own router, behind it at each of its paths.
+    let console = gate.layer(
+        Router::new()
+            .route(base, get(to_console))
+            .route(CONSOLE_URL, get(page))
+            .route(&files, get(file))
+            .method_not_allowed_fallback(super::method_not_allowed)
+            .layer(tower_http::compression::CompressionLayer::new()),
+    );
+    [base, CONSOLE_URL, &files]
+        .into_iter()
+        .fold(Router::new(), |router, path| {
+            router.route_service(path, console.clone())
+        })
 }
 
 /// The console's page, for a host that also serves it at an address of its own (the example

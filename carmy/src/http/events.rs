@@ -9,10 +9,10 @@ use axum::extract::{Path, Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::GateLayer;
 use super::execute::{parse_body, read_body, require_json};
 use crate::events::{
     EventSettings, Events, NewSubscription, SigningSecret, SubscriptionChange, SubscriptionView,
@@ -23,29 +23,34 @@ use crate::wire::{JSON, NO_STORE, paths};
 /// The permission that opens the routes to a caller below `internal`.
 const MANAGE_EVENTS: &str = "manage:events";
 
-pub(crate) fn router(events: Arc<Events>) -> Router {
+pub(crate) fn router(gate: &GateLayer, events: Arc<Events>) -> Router {
     let one = format!("{}/{{id}}", paths::SUBSCRIPTIONS);
+    let events = gate.endpoints(events);
+    let wrong_method = || events.handler(wrong_method);
     Router::new()
         .route(
             paths::SUBSCRIPTIONS,
-            get(list).post(create).fallback(wrong_method),
+            events
+                .get(list)
+                .post_service(events.handler(create))
+                .fallback_service(wrong_method()),
         )
         .route(
             &one,
-            get(read)
-                .delete(delete)
-                .patch(update)
-                .fallback(wrong_method),
+            events
+                .get(read)
+                .delete_service(events.handler(delete))
+                .patch_service(events.handler(update))
+                .fallback_service(wrong_method()),
         )
         .route(
             &format!("{one}/rotate-secret"),
-            post(rotate_secret).fallback(wrong_method),
+            events.post(rotate_secret).fallback_service(wrong_method()),
         )
         .route(
             &format!("{one}/deliveries"),
-            get(deliveries).fallback(wrong_method),
+            events.get(deliveries).fallback_service(wrong_method()),
         )
-        .with_state(events)
 }
 
 /// A method these routes do not take: `405` to a caller who may manage subscriptions, the

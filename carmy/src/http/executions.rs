@@ -10,11 +10,11 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::json;
 
+use super::GateLayer;
 use super::error::status_for;
 use super::sse;
 use crate::executions::{
@@ -33,18 +33,20 @@ pub(crate) struct ExecutionsState {
     pub(crate) keep_alive: Duration,
 }
 
-pub(crate) fn router(state: ExecutionsState) -> Router {
+pub(crate) fn router(gate: &GateLayer, state: ExecutionsState) -> Router {
+    let executions = gate.endpoints(state);
     Router::new()
-        .route(paths::EXECUTIONS, get(list))
+        .route(paths::EXECUTIONS, executions.get(list))
         .route(
             &format!("{}/{{execution_id}}", paths::EXECUTIONS),
-            get(lookup).delete(cancel),
+            executions
+                .get(lookup)
+                .delete_service(executions.handler(cancel)),
         )
         .route(
             &format!("{}/{{execution_id}}/events", paths::EXECUTIONS),
-            get(events),
+            executions.get(events),
         )
-        .with_state(state)
 }
 
 /// The caller, attached by the protection gate every route sits behind.

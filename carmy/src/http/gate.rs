@@ -1,7 +1,9 @@
 //! The one service every carmy route sits behind: CORS, the request body's deadline, the
 //! server span and the HTTP metrics, and inside them the protection gate. One hand-written
 //! service rather than a stack of layers and `from_fn` middleware, each of which cloned what it
-//! wraps and boxed its future on every request.
+//! wraps and boxed its future on every request. It wraps each handler where its route is made
+//! ([`GateLayer::endpoints`]): `Router::layer` would box every route a second time, around the
+//! gate.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,9 +14,11 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request};
+use axum::handler::{Handler, HandlerService};
 use axum::http::header::ORIGIN;
 use axum::http::{HeaderName, Method};
 use axum::response::Response;
+use axum::routing::MethodRouter;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http_body::{Body as _, Frame, SizeHint};
@@ -58,6 +62,65 @@ impl GateLayer {
                 cors: protection::cors_layer(Arc::clone(current)),
             }),
         }
+    }
+
+    /// The handlers of one router's routes, on `state`, each behind the gate.
+    pub(crate) fn endpoints<S>(&self, state: S) -> Endpoints<S> {
+        Endpoints {
+            gate: self.clone(),
+            state,
+        }
+    }
+}
+
+/// Builds routes whose handlers share one state, each behind the gate. A path made by
+/// [`Endpoints::get`] or [`Endpoints::post`] answers its other methods with carmy's JSON `405`
+/// (behind the gate too) unless given a fallback of its own.
+pub(crate) struct Endpoints<S> {
+    gate: GateLayer,
+    state: S,
+}
+
+impl<S: Clone + Send + Sync + 'static> Endpoints<S> {
+    /// `handler` behind the gate: the service of one method of a route.
+    pub(crate) fn handler<H, T>(&self, handler: H) -> Gate<HandlerService<H, T, S>>
+    where
+        H: Handler<T, S>,
+        T: 'static,
+    {
+        self.gate.layer(handler.with_state(self.state.clone()))
+    }
+
+    /// A route answering `GET` with `handler`.
+    pub(crate) fn get<H, T>(&self, handler: H) -> MethodRouter
+    where
+        H: Handler<T, S>,
+        T: 'static,
+    {
+        self.methods().get_service(self.handler(handler))
+    }
+
+    /// A route answering `POST` with `handler`.
+    pub(crate) fn post<H, T>(&self, handler: H) -> MethodRouter
+    where
+        H: Handler<T, S>,
+        T: 'static,
+    {
+        self.methods().post_service(self.handler(handler))
+    }
+
+    /// A route answering every method with `handler`.
+    pub(crate) fn any<H, T>(&self, handler: H) -> MethodRouter
+    where
+        H: Handler<T, S>,
+        T: 'static,
+    {
+        axum::routing::any_service(self.handler(handler))
+    }
+
+    fn methods(&self) -> MethodRouter {
+        let not_allowed = self.gate.layer(super::method_not_allowed.with_state(()));
+        MethodRouter::new().fallback_service(not_allowed)
     }
 }
 
@@ -131,17 +194,17 @@ impl Shared {
         S: Service<Request, Response = Response, Error = Infallible>,
     {
         let started = Instant::now();
+        let (parts, body) = request.into_parts();
         // A request without a body (most `GET`s) has nothing to wait for.
-        let request = if request.body().is_end_stream() {
-            request
+        let body = if body.is_end_stream() {
+            body
         } else {
-            let deadline = started + self.body_timeout;
-            request.map(|body| Body::new(DeadlineBody::new(body, deadline)))
+            Body::new(DeadlineBody::new(body, started + self.body_timeout))
         };
-        let method = method_label(request.method());
-        let matched = request.extensions().get::<MatchedPath>().cloned();
+        let method = method_label(&parts.method);
+        let matched = parts.extensions.get::<MatchedPath>().cloned();
         let route = matched.as_ref().map(MatchedPath::as_str);
-        let mut traceparents = request.headers().get_all(&TRACEPARENT).iter();
+        let mut traceparents = parts.headers.get_all(&TRACEPARENT).iter();
         // Several `traceparent`s are malformed, as the specification says: a new trace.
         let parent = match (traceparents.next(), traceparents.next()) {
             (Some(value), None) => value.to_str().ok().and_then(TraceParent::parse),
@@ -149,7 +212,7 @@ impl Shared {
         };
         let span = telemetry::server_span(method, route, parent.as_ref());
         let active = self.metrics.as_deref().map(Metrics::http_request);
-        let response = protection::guard(&self.current, request, |request| async move {
+        let response = protection::guard(&self.current, parts, body, |request| async move {
             match inner.oneshot(request).await {
                 Ok(response) => response,
                 Err(never) => match never {},

@@ -8,9 +8,9 @@ use axum::extract::{RawQuery, Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use serde::Serialize;
 
+use super::GateLayer;
 use crate::context::{Principal, TrustLevel};
 use crate::health::{CheckStatus, Health};
 use crate::wire::paths;
@@ -25,12 +25,12 @@ pub(crate) fn is_probe(path: &str) -> bool {
     matches!(path, paths::HEALTH | paths::LIVE | paths::READY)
 }
 
-pub(crate) fn router(health: Health) -> Router {
+pub(crate) fn router(gate: &GateLayer, health: Health) -> Router {
+    let health = gate.endpoints(health);
     Router::new()
-        .route(paths::HEALTH, get(report))
-        .route(paths::LIVE, get(live))
-        .route(paths::READY, get(ready))
-        .with_state(health)
+        .route(paths::HEALTH, health.get(report))
+        .route(paths::LIVE, health.get(live))
+        .route(paths::READY, health.get(ready))
 }
 
 #[derive(Serialize)]

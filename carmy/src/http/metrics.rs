@@ -8,8 +8,8 @@ use axum::extract::{Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 
+use super::GateLayer;
 use crate::principal::{Principal, TrustLevel};
 use crate::telemetry::{Format, Metrics};
 use crate::wire::NO_STORE;
@@ -29,10 +29,9 @@ struct Exposition {
     trust: TrustLevel,
 }
 
-pub(crate) fn router(metrics: Arc<Metrics>, trust: TrustLevel) -> Router {
-    Router::new()
-        .route(METRICS_PATH, get(expose))
-        .with_state(Exposition { metrics, trust })
+pub(crate) fn router(gate: &GateLayer, metrics: Arc<Metrics>, trust: TrustLevel) -> Router {
+    let exposition = gate.endpoints(Exposition { metrics, trust });
+    Router::new().route(METRICS_PATH, exposition.get(expose))
 }
 
 async fn expose(State(exposition): State<Exposition>, request: Request) -> Response {

@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::routing::{any, get, post};
 
 use crate::principal::TrustLevel;
 use crate::reload::Reloader;
@@ -62,11 +61,12 @@ impl Default for HttpSettings {
     }
 }
 
-/// The routes of protocol.md, with JSON answers for unknown routes and methods under carmy's
-/// own paths only, so that the router merges into a host's that has its own fallback. Each
-/// route serves the configuration snapshot the gate attached to its request. `mcp`: whether
-/// the app also serves MCP.
+/// The routes of protocol.md, each behind `gate`, with JSON answers for unknown routes and
+/// methods under carmy's own paths only, so that the router merges into a host's that has its
+/// own fallback. Each route serves the configuration snapshot the gate attached to its request.
+/// `mcp`: whether the app also serves MCP.
 pub(crate) fn router(
+    gate: &GateLayer,
     runtime: Arc<Runtime>,
     reloader: Arc<Reloader>,
     current: &Current,
@@ -74,46 +74,48 @@ pub(crate) fn router(
     mcp: bool,
     #[cfg(feature = "events")] events: Arc<crate::events::Events>,
 ) -> Router {
-    let health = health::router(runtime.health().clone());
+    let health = health::router(gate, runtime.health().clone());
     let metrics = runtime
         .metrics()
-        .map(|metrics| metrics::router(Arc::clone(metrics), settings.metrics_trust));
+        .map(|metrics| metrics::router(gate, Arc::clone(metrics), settings.metrics_trust));
+    let documents = gate.endpoints(Arc::clone(current));
     let documents = Router::new()
-        .route(paths::DISCOVERY, get(documents::discovery))
-        .route(paths::CATALOG, get(documents::catalog))
-        .route(paths::OPENAPI, get(openapi::document))
-        .with_state(Arc::clone(current));
-    let executions = executions::router(executions::ExecutionsState {
-        executions: runtime.executions(),
+        .route(paths::DISCOVERY, documents.get(documents::discovery))
+        .route(paths::CATALOG, documents.get(documents::catalog))
+        .route(paths::OPENAPI, documents.get(openapi::document));
+    let executions = executions::router(
+        gate,
+        executions::ExecutionsState {
+            executions: runtime.executions(),
+            keep_alive: settings.keep_alive,
+        },
+    );
+    let execute = gate.endpoints(execute::ExecuteState {
+        runtime,
+        current: Arc::clone(current),
         keep_alive: settings.keep_alive,
     });
     let execute = Router::new()
-        .route(paths::EXECUTE, post(execute::execute))
-        .route(paths::TOOL, post(openapi::call_tool))
-        .with_state(execute::ExecuteState {
-            runtime,
-            current: Arc::clone(current),
-            keep_alive: settings.keep_alive,
-        });
+        .route(paths::EXECUTE, execute.post(execute::execute))
+        .route(paths::TOOL, execute.post(openapi::call_tool));
     let router = documents
         .merge(execute)
         .merge(executions)
         .merge(health)
-        .merge(admin::router(reloader))
+        .merge(admin::router(gate, reloader))
         .merge(metrics.unwrap_or_default());
     #[cfg(feature = "events")]
-    let router = router.merge(events::router(events));
+    let router = router.merge(events::router(gate, events));
     #[cfg(feature = "console")]
-    let router = router.merge(console::router());
-    let mut router = router.method_not_allowed_fallback(method_not_allowed);
+    let router = router.merge(console::router(gate));
     let mut owned = vec!["/agent", "/agent/{*rest}", "/.well-known/agent/{*rest}"];
     if mcp {
         owned.push("/mcp/{*rest}");
     }
-    for path in owned {
-        router = router.route(path, any(route_not_found));
-    }
-    router
+    let not_found = gate.endpoints(());
+    owned.into_iter().fold(router, |router, path| {
+        router.route(path, not_found.any(route_not_found))
+    })
 }
 
 /// Whether `path` is one of the console's files: the same bytes for everyone, from memory.

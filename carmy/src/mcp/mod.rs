@@ -27,8 +27,10 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tower::Layer;
 
 use crate::error::Error;
+use crate::http::GateLayer;
 use crate::http::error::{retry_after_header, status_of};
 use crate::principal::Principal;
 use crate::settings::Settings;
@@ -53,6 +55,7 @@ pub(crate) struct McpSettings {
 /// and stream (the end of a graceful shutdown: an open session stream would otherwise keep the
 /// server up forever).
 pub(crate) fn router(
+    gate: &GateLayer,
     handler: McpHandler,
     keep_alive: Duration,
     shutdown: CancellationToken,
@@ -70,9 +73,8 @@ pub(crate) fn router(
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    Router::new()
-        .route_service(paths::MCP, service)
-        .route_layer(middleware::from_fn(admit))
+    let admitted = middleware::from_fn(admit).layer(service);
+    Router::new().route_service(paths::MCP, gate.layer(admitted))
 }
 
 /// Serves MCP on stdin and stdout until the client closes stdin. Logs belong on stderr.

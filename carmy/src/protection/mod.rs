@@ -11,8 +11,10 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::{ConnectInfo, Request};
 use axum::http::header::ORIGIN;
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -106,15 +108,14 @@ impl Default for Protection {
 impl Protection {
     /// Version, then caller, then budget; the caller is attached to the request for the
     /// routes.
-    async fn admit(&self, request: Request) -> Result<Request, ToolError> {
-        check_version(request.headers())?;
-        if request.headers().get_all(ORIGIN).iter().nth(1).is_some() {
+    async fn admit(&self, parts: &mut Parts) -> Result<(), ToolError> {
+        check_version(&parts.headers)?;
+        if parts.headers.get_all(ORIGIN).iter().nth(1).is_some() {
             return Err(ToolError::invalid_request(
                 "the request has more than one Origin",
             ));
         }
-        let (mut parts, body) = request.into_parts();
-        let principal = auth::principal_of(&parts, self.authenticator.as_deref()).await?;
+        let principal = auth::principal_of(parts, self.authenticator.as_deref()).await?;
         // Probes (`/agent/health…`) and scrapes spend no budget: an orchestrator polls them all
         // day. Nor do the console's files: the same bytes for everyone, from memory.
         let path = parts.uri.path();
@@ -137,7 +138,7 @@ impl Protection {
             }
         }
         parts.extensions.insert(principal);
-        Ok(Request::from_parts(parts, body))
+        Ok(())
     }
 
     /// The key a caller's budget is counted under: the principal, or for anonymous callers
@@ -183,9 +184,11 @@ impl PeerKey {
 /// The gate every route sits behind: the one read of the configuration a request makes
 /// (admission, the route and the response headers all see this snapshot), then admission, whose
 /// refusal is rendered in the transport's own error shape; `route` answers an admitted request.
+/// The request comes in parts, which admission reads and extends in place.
 pub(crate) async fn guard<Route, Answered>(
     current: &Current,
-    mut request: Request,
+    mut parts: Parts,
+    body: Body,
     route: Route,
 ) -> Response
 where
@@ -193,11 +196,11 @@ where
     Answered: Future<Output = Response>,
 {
     let settings = current.load_full();
-    request.extensions_mut().insert(Arc::clone(&settings));
+    parts.extensions.insert(Arc::clone(&settings));
     let protection = &settings.protection;
-    let refuse = refusal_for(request.uri().path());
-    let mut response = match protection.admit(request).await {
-        Ok(request) => route(request).await,
+    let refuse = refusal_for(parts.uri.path());
+    let mut response = match protection.admit(&mut parts).await {
+        Ok(()) => route(Request::from_parts(parts, body)).await,
         Err(error) => refuse(error),
     };
     let headers = response.headers_mut();
