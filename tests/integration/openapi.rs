@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use carmy_tests::{Answer, execute_request, get, parse_sse, send};
+use carmy_tests::{Answer, execute_request, get, parse_sse, send, send_empty};
 use serde_json::{Value, json};
 
 const SNAPSHOTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/snapshots");
@@ -614,12 +614,7 @@ async fn an_undeclared_method_is_405_with_allow() {
         (Method::PUT, "/agent/execute", "POST"),
         (Method::POST, "/agent/health", "GET,HEAD"),
     ] {
-        let request = Request::builder()
-            .method(method.clone())
-            .uri(path)
-            .body(Body::empty())
-            .unwrap();
-        let answer = send(&router, request).await;
+        let answer = send_empty(&router, method.clone(), path).await;
         assert_eq!(
             answer.status,
             StatusCode::METHOD_NOT_ALLOWED,

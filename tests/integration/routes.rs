@@ -1,8 +1,7 @@
 //! Unknown routes and methods answer with the JSON error envelope, never plain text.
 
-use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
-use carmy_tests::{get, send};
+use axum::http::{Method, StatusCode};
+use carmy_tests::{get, send_empty};
 use serde_json::json;
 
 #[tokio::test]
@@ -31,12 +30,7 @@ async fn wrong_method_is_a_json_405() {
         (Method::DELETE, "/.well-known/agent"),
         (Method::PUT, "/agent/tools"),
     ] {
-        let request = Request::builder()
-            .method(method.clone())
-            .uri(path)
-            .body(Body::empty())
-            .unwrap();
-        let answer = send(&router, request).await;
+        let answer = send_empty(&router, method.clone(), path).await;
         assert_eq!(
             answer.status,
             StatusCode::METHOD_NOT_ALLOWED,
@@ -79,12 +73,7 @@ async fn every_route_and_method_passes_the_gate() {
         (Method::GET, "/.well-known/agent/nope"),
         (Method::GET, "/mcp/nope"),
     ] {
-        let request = Request::builder()
-            .method(method.clone())
-            .uri(path)
-            .body(Body::empty())
-            .unwrap();
-        let answer = send(&router, request).await;
+        let answer = send_empty(&router, method.clone(), path).await;
         assert_eq!(
             answer.header("carmy-version"),
             Some("1.0"),

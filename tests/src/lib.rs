@@ -2,7 +2,7 @@
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{Request, Response, StatusCode};
+use axum::http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -52,6 +52,16 @@ pub async fn send(router: &Router, request: Request<Body>) -> Answer {
         headers: parts.headers,
         body,
     }
+}
+
+/// `method path` without a body, in-process.
+pub async fn send_empty(router: &Router, method: Method, path: &str) -> Answer {
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .body(Body::empty())
+        .expect("valid request");
+    send(router, request).await
 }
 
 /// `POST /agent/execute` with a JSON body and extra headers.
