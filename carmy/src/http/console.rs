@@ -12,11 +12,10 @@ use axum::http::header::{
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use bytes::Bytes;
 use tower::Layer;
 
 use super::GateLayer;
-use bytes::Bytes;
-
 use super::documents::{conditional, etag_of};
 use crate::wire::paths::CONSOLE as CONSOLE_URL;
 
