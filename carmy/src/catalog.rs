@@ -27,7 +27,9 @@ pub use providers::{Lossy, Provider, ToolDefinition, tool_definition, tool_defin
 #[derive(Debug, Clone)]
 pub(crate) struct Catalog {
     tools: Vec<CatalogTool>,
-    by_name: HashMap<&'static str, usize>,
+    /// Hashed by foldhash rather than SipHash: a lookup on every call, in a map built once from
+    /// the registered names, which no caller can add to.
+    by_name: HashMap<&'static str, usize, foldhash::fast::RandomState>,
 }
 
 /// One tool, ready to describe and to call. Cloning shares the compiled parts.

@@ -12,10 +12,11 @@ use std::collections::HashMap;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct State<T>(pub T);
 
-/// The app's state values, by type.
+/// The app's state values, by type; looked up by every call of a tool that takes one, so
+/// hashed by foldhash rather than SipHash (the keys are the app's own types).
 #[derive(Default)]
 pub(crate) struct StateMap {
-    values: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
+    values: HashMap<TypeId, Box<dyn Any + Send + Sync>, foldhash::fast::RandomState>,
 }
 
 impl StateMap {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 use axum::body::Body;
-use axum::extract::{Query, Request, State};
+use axum::extract::{Query, Request};
 use axum::http::Extensions;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH, LOCATION, VARY};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -401,7 +401,7 @@ pub(super) fn etag_of(body: &[u8]) -> HeaderValue {
 
 /// The discovery document; with the console served, a person is sent to it instead
 /// (`protocol.md` §10), and both answers say they vary by who asks.
-pub(crate) async fn discovery(State(current): State<Current>, request: Request) -> Response {
+pub(crate) async fn discovery(current: Current, request: Request) -> Response {
     let documents = &Settings::of(request.extensions(), &current).documents;
     if !documents.console {
         return documents
@@ -431,7 +431,7 @@ pub(crate) async fn discovery(State(current): State<Current>, request: Request) 
 }
 
 /// The catalog, or with `?format=` the provider definitions; an unknown format is a `400`.
-pub(crate) async fn catalog(State(current): State<Current>, request: Request) -> Response {
+pub(crate) async fn catalog(current: Current, request: Request) -> Response {
     let settings = Settings::of(request.extensions(), &current);
     let level = settings.documents.for_caller(request.extensions());
     let document = match requested_format(request.uri()) {

@@ -80,9 +80,9 @@ pub(crate) fn router(
         .map(|metrics| metrics::router(gate, Arc::clone(metrics), settings.metrics_trust));
     let documents = gate.endpoints(Arc::clone(current));
     let documents = Router::new()
-        .route(paths::DISCOVERY, documents.get(documents::discovery))
-        .route(paths::CATALOG, documents.get(documents::catalog))
-        .route(paths::OPENAPI, documents.get(openapi::document));
+        .route(paths::DISCOVERY, documents.get_inline(documents::discovery))
+        .route(paths::CATALOG, documents.get_inline(documents::catalog))
+        .route(paths::OPENAPI, documents.get_inline(openapi::document));
     let executions = executions::router(
         gate,
         executions::ExecutionsState {

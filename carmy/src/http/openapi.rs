@@ -12,7 +12,7 @@ use crate::runtime::{self, Call};
 use crate::settings::{Current, Settings};
 use crate::tool_error::ToolError;
 
-pub(crate) async fn document(State(current): State<Current>, request: Request) -> Response {
+pub(crate) async fn document(current: Current, request: Request) -> Response {
     Settings::of(request.extensions(), &current)
         .documents
         .for_caller(request.extensions())
