@@ -21,10 +21,10 @@ use axum::response::Response;
 use axum::routing::MethodRouter;
 use bytes::Bytes;
 use futures_util::FutureExt;
-use futures_util::future::{BoxFuture, NeverError};
+use futures_util::future::BoxFuture;
 use http_body::{Body as _, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_http::cors::CorsLayer;
 use tracing::Instrument;
 
@@ -110,16 +110,19 @@ impl<S: Clone + Send + Sync + 'static> Endpoints<S> {
         self.methods().post_service(self.handler(handler))
     }
 
-    /// A route answering `GET` with `function`, an [`Inline`] handler.
+    /// A route answering `GET` with `function`, a handler that takes its state and the whole
+    /// request, with no extractors, and whose future is small (the documents: an answer from
+    /// memory). It runs inside the gate's future, where an axum handler's future is boxed on
+    /// its own on every request. A handler with a large future (execute) stays boxed: the
+    /// gate's future is moved whole when it is boxed, so carrying a large handler inline costs
+    /// more in copies than the allocation it saves.
     pub(crate) fn get_inline<F, Answered>(&self, function: F) -> MethodRouter
     where
         F: Fn(S, Request) -> Answered + Clone + Send + Sync + 'static,
         Answered: Future<Output = Response> + Send + 'static,
     {
-        let inline = Inline {
-            function,
-            state: self.state.clone(),
-        };
+        let state = self.state.clone();
+        let inline = service_fn(move |request| function(state.clone(), request).never_error());
         self.methods().get_service(self.gate.layer(inline))
     }
 
@@ -135,36 +138,6 @@ impl<S: Clone + Send + Sync + 'static> Endpoints<S> {
     fn methods(&self) -> MethodRouter {
         let not_allowed = self.gate.layer(super::method_not_allowed.with_state(()));
         MethodRouter::new().fallback_service(not_allowed)
-    }
-}
-
-/// A handler that takes its state and the whole request, with no extractors, and whose future
-/// is small (the documents: an answer from memory). It runs inside the gate's future, where an
-/// axum handler's future is boxed on its own on every request. A handler with a large future
-/// (execute) stays boxed: the gate's future is moved whole when it is boxed, so carrying a large
-/// handler inline costs more in copies than the allocation it saves.
-#[derive(Clone)]
-pub(crate) struct Inline<F, S> {
-    function: F,
-    state: S,
-}
-
-impl<F, S, Answered> Service<Request> for Inline<F, S>
-where
-    F: Fn(S, Request) -> Answered,
-    S: Clone,
-    Answered: Future<Output = Response>,
-{
-    type Response = Response;
-    type Error = Infallible;
-    type Future = NeverError<Answered>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request) -> Self::Future {
-        (self.function)(self.state.clone(), request).never_error()
     }
 }
 
