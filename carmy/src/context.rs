@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -207,7 +207,8 @@ struct ContextInner {
     request_id: Option<String>,
     principal: Principal,
     requester: Requester,
-    cancellation: CancellationToken,
+    /// Made when first asked for: most tools never look at it.
+    cancellation: OnceLock<CancellationToken>,
     events: Option<EventSender>,
     health: Health,
 }
@@ -218,7 +219,6 @@ impl Context {
         request_id: Option<String>,
         principal: Principal,
         requester: Requester,
-        cancellation: CancellationToken,
         events: Option<EventSender>,
         health: Health,
     ) -> Self {
@@ -228,11 +228,16 @@ impl Context {
                 request_id,
                 principal,
                 requester,
-                cancellation,
+                cancellation: OnceLock::new(),
                 events,
                 health,
             }),
         }
+    }
+
+    /// Fires the cancellation when dropped, however the execution ends.
+    pub(crate) fn cancel_on_exit(&self) -> CancelOnExit {
+        CancelOnExit(self.clone())
     }
 
     /// This execution's id (`exec_…`).
@@ -258,7 +263,7 @@ impl Context {
     /// Fires when the execution is cancelled (client gone, deadline passed, shutdown). The tool's
     /// future is dropped right after; use the token to stop work handed to other tasks.
     pub fn cancellation_token(&self) -> &CancellationToken {
-        &self.inner.cancellation
+        self.inner.cancellation.get_or_init(CancellationToken::new)
     }
 
     /// The service's health: a tool that finds a dependency broken reports it
@@ -269,7 +274,10 @@ impl Context {
 
     /// Whether the execution has been cancelled.
     pub fn is_cancelled(&self) -> bool {
-        self.inner.cancellation.is_cancelled()
+        self.inner
+            .cancellation
+            .get()
+            .is_some_and(CancellationToken::is_cancelled)
     }
 
     /// Reports progress to clients that stream events; a no-op for the others.
@@ -286,6 +294,20 @@ impl Context {
                 message: message.into(),
                 sequence: 0,
             }));
+        }
+    }
+}
+
+/// Cancels an execution's [`Context`] when dropped: whatever the tool handed to other tasks
+/// (the context or its token) sees the cancellation.
+pub(crate) struct CancelOnExit(Context);
+
+impl Drop for CancelOnExit {
+    fn drop(&mut self) {
+        let inner = &self.0.inner;
+        // Held here alone and its token never made: nobody can look at it any more.
+        if Arc::strong_count(inner) > 1 || inner.cancellation.get().is_some() {
+            self.0.cancellation_token().cancel();
         }
     }
 }

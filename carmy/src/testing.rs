@@ -136,7 +136,7 @@ impl PendingCall<'_> {
     pub async fn start(self) -> Result<String, Response> {
         let (runtime, call) = self.into_call()?;
         let delivery = Delivery {
-            cancel: CancellationToken::new(),
+            cancel: None,
             events: None,
             prefer_async: true,
         };

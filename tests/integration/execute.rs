@@ -463,19 +463,37 @@ async fn retryable_errors_carry_retry_after_and_a_retry_suggestion() {
 #[tokio::test]
 async fn a_panicking_tool_is_500_tool_panic_and_the_server_keeps_serving() {
     let router = router(&Probe::default());
-    let answer = execute(&router, &json!({ "tool": "explode" })).await;
-    let body = assert_execution(&answer, StatusCode::INTERNAL_SERVER_ERROR, "failed");
-    assert_eq!(body["error"]["code"], "TOOL_PANIC");
-    assert!(
-        !answer.body.windows(6).any(|window| window == b"secret"),
-        "the panic message stays in the logs"
-    );
-    let next = execute(
-        &router,
-        &json!({ "tool": "echo", "arguments": { "text": "still here" } }),
-    )
-    .await;
-    assert_execution(&next, StatusCode::OK, "completed");
+    // One panics before it ever waits, the other after.
+    for tool in ["explode", "explode_later"] {
+        let answer = execute(&router, &json!({ "tool": tool })).await;
+        let body = assert_execution(&answer, StatusCode::INTERNAL_SERVER_ERROR, "failed");
+        assert_eq!(body["error"]["code"], "TOOL_PANIC", "{tool}");
+        assert!(
+            !answer.body.windows(6).any(|window| window == b"secret"),
+            "{tool}: the panic message stays in the logs"
+        );
+        let next = execute(
+            &router,
+            &json!({ "tool": "echo", "arguments": { "text": "still here" } }),
+        )
+        .await;
+        assert_execution(&next, StatusCode::OK, "completed");
+    }
+}
+
+#[tokio::test]
+async fn what_a_tool_hands_to_other_tasks_sees_the_cancellation_once_the_call_ends() {
+    for token_first in [true, false] {
+        let probe = Probe::default();
+        let router = router(&probe);
+        let saw_cancellation = probe.saw_cancellation.notified();
+        let call = json!({ "tool": "hand_off", "arguments": { "token_first": token_first } });
+        let answer = execute(&router, &call).await;
+        assert_execution(&answer, StatusCode::OK, "completed");
+        tokio::time::timeout(Duration::from_secs(1), saw_cancellation)
+            .await
+            .unwrap_or_else(|_| panic!("token_first {token_first}: the task saw no cancellation"));
+    }
 }
 
 #[tokio::test]

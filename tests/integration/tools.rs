@@ -62,6 +62,8 @@ pub(crate) fn app(probe: &Probe) -> carmy::App {
         .tool(one_at_a_time::TOOL)
         .tool(picky::TOOL)
         .tool(wipe::TOOL)
+        .tool(hand_off::TOOL)
+        .tool(explode_later::TOOL)
         .state(probe.clone())
 }
 
@@ -140,6 +142,46 @@ pub(crate) async fn slow_read(
 pub(crate) async fn explode(State(probe): State<Probe>) -> Result<Run, ToolError> {
     probe.start();
     panic!("secret panic detail");
+}
+
+/// Panics after it first waits.
+#[carmy::tool(effect = "write", register = false)]
+pub(crate) async fn explode_later(State(probe): State<Probe>) -> Result<Run, ToolError> {
+    probe.start();
+    tokio::task::yield_now().await;
+    panic!("secret panic detail");
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(crate) struct HandOff {
+    /// Whether the tool makes its cancellation token before it ends, or leaves that to the
+    /// task it hands its context to.
+    pub(crate) token_first: bool,
+}
+
+/// Hands its context, or its cancellation token, to a task that outlives the call, and ends
+/// at once.
+#[carmy::tool(effect = "write", register = false)]
+pub(crate) async fn hand_off(
+    ctx: Context,
+    State(probe): State<Probe>,
+    input: HandOff,
+) -> Result<Run, ToolError> {
+    let saw = probe.saw_cancellation.clone();
+    if input.token_first {
+        let token = ctx.cancellation_token().clone();
+        tokio::spawn(async move {
+            token.cancelled().await;
+            saw.notify_one();
+        });
+    } else {
+        tokio::spawn(async move {
+            ctx.cancellation_token().cancelled().await;
+            assert!(ctx.is_cancelled());
+            saw.notify_one();
+        });
+    }
+    Ok(Run { run: probe.start() })
 }
 
 /// Fails with a retryable error.

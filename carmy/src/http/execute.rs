@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -67,14 +67,23 @@ fn empty_object() -> Value {
     json!({})
 }
 
-pub(crate) async fn execute(State(state): State<ExecuteState>, request: Request) -> Response {
+/// `POST /agent/execute`, run inside the gate ([`super::gate::Endpoints::post_inline`]).
+///
+/// A plain function returning an async block, not an async function, whose future would keep
+/// the request it was called with beside its parts (rust-lang/rust#62958).
+pub(crate) fn execute(
+    state: ExecuteState,
+    request: Request,
+) -> impl Future<Output = Response> + Send {
     let (parts, body) = request.into_parts();
-    let catalog = catalog_of(&parts, &state.current);
-    let call = match read_call(&parts.headers, body, caller(&parts), catalog).await {
-        Ok(call) => call,
-        Err(error) => return error.into_response(),
-    };
-    answer(state, &parts.headers, call).await
+    async move {
+        let catalog = catalog_of(&parts, &state.current);
+        let call = match read_call(&parts.headers, body, caller(&parts), catalog).await {
+            Ok(call) => call,
+            Err(error) => return error.into_response(),
+        };
+        answer(state, &parts.headers, call).await
+    }
 }
 
 /// The caller, attached by the protection gate, which every route sits behind.
@@ -93,24 +102,34 @@ pub(super) fn catalog_of(parts: &Parts, current: &Current) -> Arc<Catalog> {
 
 /// Runs a parsed call and answers with JSON or, when the client accepts them, Server-Sent
 /// Events: every route that executes answers through here.
-pub(super) async fn answer(state: ExecuteState, headers: &HeaderMap, call: Call) -> Response {
-    // Cancels the execution if this future or the stream is dropped: the client went away.
-    let cancel = CancellationToken::new();
-    let guard = cancel.clone().drop_guard();
-    if wants_event_stream(headers) {
-        return stream(state, call, cancel, guard);
-    }
-    let prefer_async = prefers_async(headers);
-    let delivery = Delivery {
-        cancel,
-        events: None,
-        prefer_async,
-    };
-    let answer = state.runtime.call(call, delivery).await;
-    guard.disarm();
-    match answer {
-        Answer::Outcome(outcome) => json_response(outcome),
-        Answer::Accepted(accepted) => accepted_response(&accepted, prefer_async),
+///
+/// An async block that uses its arguments where they are, not an async fn, whose future would
+/// hold the call twice (rust-lang/rust#62958).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
+pub(super) fn answer(
+    state: ExecuteState,
+    headers: &HeaderMap,
+    call: Call,
+) -> impl Future<Output = Response> + Send + '_ {
+    async move {
+        if wants_event_stream(headers) {
+            return stream(state, call);
+        }
+        let prefer_async = prefers_async(headers);
+        // This future stands for the client: dropped when it goes away, it cancels the
+        // execution.
+        let delivery = Delivery {
+            cancel: None,
+            events: None,
+            prefer_async,
+        };
+        match state.runtime.call(call, delivery).await {
+            Answer::Outcome(outcome) => json_response(outcome),
+            Answer::Accepted(accepted) => accepted_response(&accepted, prefer_async),
+        }
     }
 }
 
@@ -279,12 +298,10 @@ fn json_response(outcome: Outcome) -> Response {
 
 /// Answers as Server-Sent Events: `execution.started`, `tool.progress`…, then
 /// `execution.completed`, with sequential ids.
-fn stream(
-    state: ExecuteState,
-    call: Call,
-    cancel: CancellationToken,
-    guard: DropGuard,
-) -> Response {
+fn stream(state: ExecuteState, call: Call) -> Response {
+    // Cancels the execution when the stream is dropped: the client went away.
+    let cancel = CancellationToken::new();
+    let guard = cancel.clone().drop_guard();
     let (sender, receiver) = event_channel();
     let runtime = state.runtime;
     let events = EventStream {

@@ -18,7 +18,7 @@ use axum::handler::{Handler, HandlerService};
 use axum::http::header::ORIGIN;
 use axum::http::{HeaderName, Method};
 use axum::response::Response;
-use axum::routing::MethodRouter;
+use axum::routing::{MethodFilter, MethodRouter};
 use bytes::Bytes;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -75,7 +75,7 @@ impl GateLayer {
 }
 
 /// Builds routes whose handlers share one state, each behind the gate. A path made by
-/// [`Endpoints::get`], [`Endpoints::get_inline`] or [`Endpoints::post`] answers its other methods
+/// [`Endpoints::get`], [`Endpoints::post`] or [`Endpoints::inline`] answers its other methods
 /// with carmy's JSON `405` (behind the gate too) unless given a fallback of its own.
 pub(crate) struct Endpoints<S> {
     gate: GateLayer,
@@ -110,20 +110,37 @@ impl<S: Clone + Send + Sync + 'static> Endpoints<S> {
         self.methods().post_service(self.handler(handler))
     }
 
-    /// A route answering `GET` with `function`, a handler that takes its state and the whole
-    /// request, with no extractors, and whose future is small (the documents: an answer from
-    /// memory). It runs inside the gate's future, where an axum handler's future is boxed on
-    /// its own on every request. A handler with a large future (execute) stays boxed: the
-    /// gate's future is moved whole when it is boxed, so carrying a large handler inline costs
-    /// more in copies than the allocation it saves.
+    /// A route answering `GET` with `function` inside the gate ([`Endpoints::inline`]).
     pub(crate) fn get_inline<F, Answered>(&self, function: F) -> MethodRouter
+    where
+        F: Fn(S, Request) -> Answered + Clone + Send + Sync + 'static,
+        Answered: Future<Output = Response> + Send + 'static,
+    {
+        self.inline(MethodFilter::GET, function)
+    }
+
+    /// A route answering `POST` with `function` inside the gate ([`Endpoints::inline`]).
+    pub(crate) fn post_inline<F, Answered>(&self, function: F) -> MethodRouter
+    where
+        F: Fn(S, Request) -> Answered + Clone + Send + Sync + 'static,
+        Answered: Future<Output = Response> + Send + 'static,
+    {
+        self.inline(MethodFilter::POST, function)
+    }
+
+    /// A route answering `method` with `function`, a handler that takes its state and the whole
+    /// request, with no extractors. It runs inside the gate's future, where an axum handler's
+    /// future is boxed on its own on every request, with the request taken apart and put
+    /// together again for the extractors. The gate's future is moved whole when it is boxed,
+    /// so `function`'s future should be small (several hundred bytes, not kilobytes).
+    fn inline<F, Answered>(&self, method: MethodFilter, function: F) -> MethodRouter
     where
         F: Fn(S, Request) -> Answered + Clone + Send + Sync + 'static,
         Answered: Future<Output = Response> + Send + 'static,
     {
         let state = self.state.clone();
         let inline = service_fn(move |request| function(state.clone(), request).never_error());
-        self.methods().get_service(self.gate.layer(inline))
+        self.methods().on_service(method, self.gate.layer(inline))
     }
 
     /// A route answering every method with `handler`.
@@ -206,44 +223,53 @@ impl Shared {
     /// response head: a stream's length is the tool's, not the server's). The route is the
     /// matched template, never the raw path, so no request adds a series. Refusals by the
     /// protection gate are measured and traced too.
-    async fn pass<S>(self: Arc<Self>, inner: S, request: Request) -> Result<Response, Infallible>
+    ///
+    /// A plain function around an async block that uses the request's parts where they are:
+    /// an async fn's future would hold the request and its parts besides (rust-lang/rust#62958).
+    fn pass<S>(
+        self: Arc<Self>,
+        inner: S,
+        request: Request,
+    ) -> impl Future<Output = Result<Response, Infallible>>
     where
         S: Service<Request, Response = Response, Error = Infallible>,
     {
-        let started = Instant::now();
         let (parts, body) = request.into_parts();
-        // A request without a body (most `GET`s) has nothing to wait for.
-        let body = if body.is_end_stream() {
-            body
-        } else {
-            Body::new(DeadlineBody::new(body, started + self.body_timeout))
-        };
-        let method = method_label(&parts.method);
-        let matched = parts.extensions.get::<MatchedPath>().cloned();
-        let route = matched.as_ref().map(MatchedPath::as_str);
-        let mut traceparents = parts.headers.get_all(&TRACEPARENT).iter();
-        // Several `traceparent`s are malformed, as the specification says: a new trace.
-        let parent = match (traceparents.next(), traceparents.next()) {
-            (Some(value), None) => value.to_str().ok().and_then(TraceParent::parse),
-            _ => None,
-        };
-        let span = telemetry::server_span(method, route, parent.as_ref());
-        let active = self.metrics.as_deref().map(Metrics::http_request);
-        let response = protection::guard(&self.current, parts, body, |request| async move {
-            match inner.oneshot(request).await {
-                Ok(response) => response,
-                Err(never) => match never {},
+        async move {
+            let started = Instant::now();
+            // A request without a body (most `GET`s) has nothing to wait for.
+            let body = if body.is_end_stream() {
+                body
+            } else {
+                Body::new(DeadlineBody::new(body, started + self.body_timeout))
+            };
+            let method = method_label(&parts.method);
+            let matched = parts.extensions.get::<MatchedPath>().cloned();
+            let route = matched.as_ref().map(MatchedPath::as_str);
+            let mut traceparents = parts.headers.get_all(&TRACEPARENT).iter();
+            // Several `traceparent`s are malformed, as the specification says: a new trace.
+            let parent = match (traceparents.next(), traceparents.next()) {
+                (Some(value), None) => value.to_str().ok().and_then(TraceParent::parse),
+                _ => None,
+            };
+            let span = telemetry::server_span(method, route, parent.as_ref());
+            let active = self.metrics.as_deref().map(Metrics::http_request);
+            let response = protection::guard(&self.current, parts, body, |request| async move {
+                match inner.oneshot(request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
+            })
+            .instrument(span.clone())
+            .await;
+            let status = response.status().as_u16();
+            span.record("http.response.status_code", status);
+            if let Some(metrics) = &self.metrics {
+                metrics.http_answered(method, matched, status, started.elapsed());
             }
-        })
-        .instrument(span.clone())
-        .await;
-        let status = response.status().as_u16();
-        span.record("http.response.status_code", status);
-        if let Some(metrics) = &self.metrics {
-            metrics.http_answered(method, matched, status, started.elapsed());
+            drop(active);
+            Ok(response)
         }
-        drop(active);
-        Ok(response)
     }
 }
 

@@ -96,7 +96,7 @@ pub(crate) fn router(
         keep_alive: settings.keep_alive,
     });
     let execute = Router::new()
-        .route(paths::EXECUTE, execute.post(execute::execute))
+        .route(paths::EXECUTE, execute.post_inline(execute::execute))
         .route(paths::TOOL, execute.post(openapi::call_tool));
     let router = documents
         .merge(execute)

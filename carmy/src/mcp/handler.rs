@@ -217,7 +217,7 @@ impl McpHandler {
             .is_some_and(|capabilities| capabilities.supports_tasks());
         if takes_tasks {
             let delivery = Delivery {
-                cancel,
+                cancel: Some(cancel),
                 events: None,
                 prefer_async: true,
             };
@@ -233,7 +233,9 @@ impl McpHandler {
             Some(token) => {
                 let (events, receiver) = event_channel();
                 let execution = self.shared.runtime.execute(call, cancel, Some(events));
-                forward_progress(execution, receiver, &context.peer, token).await
+                // Boxed: the SDK's notification futures are kilobytes, which every call's
+                // future would carry and move otherwise.
+                Box::pin(forward_progress(execution, receiver, &context.peer, token)).await
             }
         };
         answer(&outcome, structured)

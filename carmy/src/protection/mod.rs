@@ -185,33 +185,41 @@ impl PeerKey {
 /// (admission, the route and the response headers all see this snapshot), then admission, whose
 /// refusal is rendered in the transport's own error shape; `route` answers an admitted request.
 /// The request comes in parts, which admission reads and extends in place.
-pub(crate) async fn guard<Route, Answered>(
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
+pub(crate) fn guard<Route, Answered>(
     current: &Current,
     mut parts: Parts,
     body: Body,
     route: Route,
-) -> Response
+) -> impl Future<Output = Response>
 where
     Route: FnOnce(Request) -> Answered,
     Answered: Future<Output = Response>,
 {
-    let settings = current.load_full();
-    parts.extensions.insert(Arc::clone(&settings));
-    let protection = &settings.protection;
-    let refuse = refusal_for(parts.uri.path());
-    let mut response = match protection.admit(&mut parts).await {
-        Ok(()) => route(Request::from_parts(parts, body)).await,
-        Err(error) => refuse(error),
-    };
-    let headers = response.headers_mut();
-    headers.insert(CARMY_VERSION.clone(), SERVED_VERSION.clone());
-    // A route that set its own (the console's policy) keeps it.
-    if protection.security_headers {
-        for (name, value) in &SECURITY_HEADERS {
-            headers.entry(name).or_insert_with(|| value.clone());
+    // An async block that uses its arguments where they are, not an async fn, whose future
+    // would hold the parts twice (rust-lang/rust#62958).
+    async move {
+        let settings = current.load_full();
+        parts.extensions.insert(Arc::clone(&settings));
+        let protection = &settings.protection;
+        let refuse = refusal_for(parts.uri.path());
+        let mut response = match protection.admit(&mut parts).await {
+            Ok(()) => route(Request::from_parts(parts, body)).await,
+            Err(error) => refuse(error),
+        };
+        let headers = response.headers_mut();
+        headers.insert(CARMY_VERSION.clone(), SERVED_VERSION.clone());
+        // A route that set its own (the console's policy) keeps it.
+        if protection.security_headers {
+            for (name, value) in &SECURITY_HEADERS {
+                headers.entry(name).or_insert_with(|| value.clone());
+            }
         }
+        response
     }
-    response
 }
 
 /// `Carmy-Version` is optional; when present it is `1` or `1.<minor>`.

@@ -11,21 +11,24 @@ mod status;
 pub(crate) mod validation;
 
 use std::collections::HashMap;
-use std::panic::AssertUnwindSafe;
+use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use futures_util::FutureExt;
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::catalog::Catalog;
-use crate::context::{Context, Event, EventReceiver, EventSender, Requester, journal_channel};
+use crate::context::{
+    CancelOnExit, Context, Event, EventReceiver, EventSender, Requester, journal_channel,
+};
 use crate::error::Error;
 use crate::health::Health;
 use crate::idempotency::{
@@ -36,7 +39,7 @@ use crate::principal::{Principal, TrustLevel};
 use crate::reload::Reloads;
 use crate::state::StateMap;
 use crate::telemetry::{self, Metrics};
-use crate::tool::{Confirmation, Invocation, Mode, ToolDescriptor};
+use crate::tool::{CallFuture, Confirmation, Invocation, Mode, ToolDescriptor};
 use crate::tool_error::{Category, ToolError, clip};
 use crate::wire::codes;
 use repeated::Repeated;
@@ -111,8 +114,9 @@ pub(crate) struct Outcome {
 /// How a transport wants a call delivered.
 #[derive(Debug)]
 pub(crate) struct Delivery {
-    /// Fired when the client goes away; ignored by an execution that runs detached.
-    pub(crate) cancel: CancellationToken,
+    /// Fired when the client goes away; ignored by an execution that runs detached. `None`:
+    /// the future of the call stands for the client, which cancels by dropping it.
+    pub(crate) cancel: Option<CancellationToken>,
     /// Where a streaming transport wants the events.
     pub(crate) events: Option<EventSender>,
     /// The client asked for an asynchronous answer (`Prefer: respond-async`).
@@ -208,6 +212,30 @@ impl Prepared {
 }
 
 /// A call refused before it could run, with what the suggestions need.
+/// A call once begun: how its outcome comes.
+enum Begun<'a> {
+    /// Answered without waiting.
+    Ended(Outcome),
+    /// An execution without a record whose tool waits: it goes on in the caller's future.
+    Waiting(Pin<Box<dyn Future<Output = Outcome> + Send>>),
+    /// An execution with a record whose tool waits, in a task of its own; `client_gone`
+    /// cancels it when the caller's future is dropped.
+    Running {
+        task: tokio::task::JoinHandle<Outcome>,
+        client_gone: Option<DropGuard>,
+    },
+    /// A detached execution, being started.
+    Starting(Pin<Box<dyn Future<Output = Result<Accepted, Outcome>> + Send + 'a>>),
+}
+
+/// What a call's span and metrics need once it has ended.
+struct Traced {
+    span: tracing::Span,
+    started: Instant,
+    tool: Option<&'static str>,
+    execution_id: Arc<str>,
+}
+
 struct Rejected {
     error: ToolError,
     tool: String,
@@ -330,7 +358,7 @@ impl Runtime {
     ) -> Outcome {
         let principal = call.principal.clone();
         let delivery = Delivery {
-            cancel,
+            cancel: Some(cancel),
             events,
             prefer_async: false,
         };
@@ -343,7 +371,54 @@ impl Runtime {
     /// Runs `call`: the one pipeline of every transport. Firing `delivery.cancel` (the client
     /// went away) cancels a synchronous execution; its outcome is still recorded, because an
     /// execution with a record runs in its own task. A detached one is answered at once.
-    pub(crate) async fn call(self: &Arc<Self>, call: Call, delivery: Delivery) -> Answer {
+    ///
+    /// A plain function that does all it can at once (prepare, and run a tool that does not
+    /// wait) and returns a future of what is left: an async function's future would also keep
+    /// its arguments and every step's locals, several hundred bytes that each caller's future
+    /// carries and moves.
+    pub(crate) fn call(
+        self: &Arc<Self>,
+        call: Call,
+        delivery: Delivery,
+    ) -> impl Future<Output = Answer> + Send + '_ {
+        let (begun, traced) = self.begin(call, delivery);
+        async move {
+            let outcome = match begun {
+                Begun::Ended(outcome) => outcome,
+                Begun::Waiting(waiting) => waiting.instrument(traced.span.clone()).await,
+                Begun::Running { task, client_gone } => {
+                    let outcome = match task.await {
+                        Ok(outcome) => outcome,
+                        Err(join_error) => {
+                            tracing::error!(parent: &traced.span, error = %join_error, "execution task failed");
+                            let error = ToolError::internal(codes::INTERNAL, "internal error");
+                            let execution_id = &traced.execution_id;
+                            answer_error(execution_id, ExecutionStatus::Failed, &error, &[])
+                        }
+                    };
+                    if let Some(client_gone) = client_gone {
+                        client_gone.disarm();
+                    }
+                    outcome
+                }
+                Begun::Starting(start) => {
+                    return match start.await {
+                        Ok(accepted) => Answer::Accepted(accepted),
+                        Err(outcome) => {
+                            record_span(&traced.span, &outcome, traced.started);
+                            Answer::Outcome(outcome)
+                        }
+                    };
+                }
+            };
+            record_span(&traced.span, &outcome, traced.started);
+            self.count_answer(traced.tool, &outcome, traced.started);
+            Answer::Outcome(outcome)
+        }
+    }
+
+    /// The part of [`Runtime::call`] that needs no waiting.
+    fn begin(self: &Arc<Self>, call: Call, delivery: Delivery) -> (Begun<'_>, Traced) {
         let Delivery {
             cancel,
             events,
@@ -359,54 +434,58 @@ impl Runtime {
             Ok(prepared) => Some(prepared.tool.name),
             Err(rejected) => rejected.known,
         };
-        let outcome = match prepared {
+        let begun = match prepared {
             Err(rejected) => {
                 let _entered = span.enter();
-                self.answer_rejection(&execution_id, &rejected, events.as_ref())
+                Begun::Ended(self.answer_rejection(&execution_id, &rejected, events.as_ref()))
             }
             Ok(prepared) if prepared.detached => {
                 span.record("effect", prepared.tool.effect.as_str());
-                return match self.start(prepared, span.clone(), started).await {
-                    Ok(accepted) => Answer::Accepted(accepted),
-                    Err(outcome) => {
-                        record_span(&span, &outcome, started);
-                        Answer::Outcome(outcome)
-                    }
-                };
+                Begun::Starting(Box::pin(self.start(prepared, span.clone(), started)))
             }
-            // Without a record, the execution can run in this future: if the client goes
+            // Without a record, the execution runs in the caller's future: if the client goes
             // away, dropping it cancels the tool.
             Ok(prepared) if prepared.idempotency.is_none() && !prepared.kept => {
                 span.record("effect", prepared.tool.effect.as_str());
-                Arc::clone(self)
-                    .run(prepared, cancel, events)
-                    .instrument(span.clone())
-                    .await
+                let _entered = span.enter();
+                match self.perform_unrecorded(prepared, cancel, events) {
+                    Ok(outcome) => Begun::Ended(outcome),
+                    Err(waiting) => Begun::Waiting(waiting),
+                }
             }
             // With one, the execution runs in its own task so its outcome is recorded even if
             // the client goes away; unless it is recorded before it ever waits.
             Ok(prepared) => {
                 span.record("effect", prepared.tool.effect.as_str());
-                let runtime = Arc::clone(self);
-                let run = runtime
+                // Without a token of the client's, the caller's future stands for the client:
+                // the task sees it dropped.
+                let (cancel, client_gone) = match cancel {
+                    Some(cancel) => (cancel, None),
+                    None => {
+                        let cancel = CancellationToken::new();
+                        let client_gone = cancel.clone().drop_guard();
+                        (cancel, Some(client_gone))
+                    }
+                };
+                let run = Arc::clone(self)
                     .run(prepared, cancel, events)
                     .instrument(span.clone());
                 match poll_once(run) {
-                    Ok(outcome) => outcome,
-                    Err(waiting) => match self.tasks.spawn(waiting).await {
-                        Ok(outcome) => outcome,
-                        Err(join_error) => {
-                            tracing::error!(parent: &span, error = %join_error, "execution task failed");
-                            let error = ToolError::internal(codes::INTERNAL, "internal error");
-                            answer_error(&execution_id, ExecutionStatus::Failed, &error, &[])
-                        }
+                    Ok(outcome) => Begun::Ended(outcome),
+                    Err(waiting) => Begun::Running {
+                        task: self.tasks.spawn(waiting),
+                        client_gone,
                     },
                 }
             }
         };
-        record_span(&span, &outcome, started);
-        self.count_answer(tool, &outcome, started);
-        Answer::Outcome(outcome)
+        let traced = Traced {
+            span,
+            started,
+            tool,
+            execution_id,
+        };
+        (begun, traced)
     }
 
     /// Starts `prepared` detached from the connection: reserve, take a slot, keep the
@@ -625,13 +704,11 @@ impl Runtime {
         prepared: &Prepared,
         events: Option<&EventSender>,
     ) -> Result<OwnedSemaphorePermit, Outcome> {
-        let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+        let Some(permit) = self.slot() else {
             if let Some((key, _)) = &prepared.idempotency {
                 self.release(prepared, key).await;
             }
-            let error = ToolError::capacity(codes::OVERLOADED, "too many executions in flight")
-                .retryable(Duration::from_secs(1));
-            return Err(self.answer_failure(prepared, ExecutionStatus::Failed, &error, events));
+            return Err(self.overloaded(prepared, events));
         };
         if prepared.kept {
             let lease = prepared.deadline.saturating_duration_since(Instant::now()) + LEASE_MARGIN;
@@ -652,6 +729,58 @@ impl Runtime {
             }
         }
         Ok(permit)
+    }
+
+    /// An in-flight slot, if one is free.
+    fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.in_flight).try_acquire_owned().ok()
+    }
+
+    /// The answer when every in-flight slot is taken.
+    fn overloaded(&self, prepared: &Prepared, events: Option<&EventSender>) -> Outcome {
+        let error = ToolError::capacity(codes::OVERLOADED, "too many executions in flight")
+            .retryable(Duration::from_secs(1));
+        self.answer_failure(prepared, ExecutionStatus::Failed, &error, events)
+    }
+
+    /// Runs an execution without a record, the common call, as one function while it can: a
+    /// tool that ends on its first poll (most do) is answered without a timer, a cancellation
+    /// waiter or a future for each step of the pipeline. `Err`: the tool waits (or is serial,
+    /// and waits for its turn first), and the rest runs in the future returned, under the
+    /// deadline and the cancellation tokens.
+    fn perform_unrecorded(
+        self: &Arc<Self>,
+        prepared: Prepared,
+        cancel: Option<CancellationToken>,
+        events: Option<EventSender>,
+    ) -> Result<Outcome, Pin<Box<dyn Future<Output = Outcome> + Send>>> {
+        let Some(permit) = self.slot() else {
+            return Ok(self.overloaded(&prepared, events.as_ref()));
+        };
+        emit_started(events.as_ref(), &prepared.execution_id, prepared.tool.name);
+        let running = self.metrics.as_deref().map(Metrics::execution_running);
+        let (mut call, cancel_on_exit) = self.invocation(&prepared, events.as_ref());
+        let serial = self.serial.get(prepared.tool.name).cloned();
+        if serial.is_none()
+            && let Some(ended) = first_poll(&mut call)
+        {
+            // The tool's future first: the guard then sees whether anything else kept the
+            // context.
+            drop((call, cancel_on_exit, running, permit));
+            return Ok(self.outcome_of(&prepared, ran(ended), events.as_ref()).0);
+        }
+        // The gauge borrows the runtime: the future takes a count of its own.
+        drop(running);
+        let runtime = Arc::clone(self);
+        Err(Box::pin(async move {
+            let running = runtime.metrics.as_deref().map(Metrics::execution_running);
+            let work = serialized(serial, call);
+            let ran = runtime
+                .interruptible(work, cancel.as_ref(), prepared.deadline)
+                .await;
+            drop((cancel_on_exit, running, permit));
+            runtime.outcome_of(&prepared, ran, events.as_ref()).0
+        }))
     }
 
     /// Runs the admitted execution and records how it ended.
@@ -855,58 +984,71 @@ impl Runtime {
         cancel: &CancellationToken,
         events: Option<&EventSender>,
     ) -> Ran {
-        // The tool's own token, not a child of the shutdown token: a child would take the
-        // shutdown token's lock twice per call, for every call of the process. The select below
-        // watches the shutdown instead. However this future ends (finished, cancelled, shut
-        // down, or dropped with its client), whatever the tool handed to other tasks sees the
-        // cancellation.
-        let token = CancellationToken::new();
-        let _cancel_on_exit = token.clone().drop_guard();
+        let (mut call, cancel_on_exit) = self.invocation(prepared, events);
+        let serial = self.serial.get(prepared.tool.name).cloned();
+        if serial.is_none()
+            && let Some(ended) = first_poll(&mut call)
+        {
+            drop((call, cancel_on_exit));
+            return ran(ended);
+        }
+        let ran = self
+            .interruptible(serialized(serial, call), Some(cancel), prepared.deadline)
+            .await;
+        drop(cancel_on_exit);
+        ran
+    }
+
+    /// The tool's future, and the guard that cancels its context when dropped, however the
+    /// execution ends (finished, cancelled, shut down, or dropped with its client).
+    ///
+    /// The context's token is its own, not a child of the shutdown token: a child would take
+    /// the shutdown token's lock twice per call, for every call of the process; the shutdown
+    /// is watched by [`Runtime::interruptible`] instead.
+    fn invocation(
+        &self,
+        prepared: &Prepared,
+        events: Option<&EventSender>,
+    ) -> (CallFuture, CancelOnExit) {
         let context = Context::new(
             prepared.execution_id.clone(),
             prepared.request_id.clone(),
             prepared.principal.clone(),
             prepared.requester,
-            token.clone(),
             events.cloned(),
             self.health.clone(),
         );
+        let cancel_on_exit = context.cancel_on_exit();
         let invocation = Invocation {
             arguments: Arc::clone(&prepared.arguments),
             context,
             states: Arc::clone(&self.states),
         };
-        let serial = self.serial.get(prepared.tool.name).cloned();
-        let call = prepared.tool.call;
-        let work = async move {
-            let _turn = match &serial {
-                Some(lock) => Some(lock.lock().await),
-                None => None,
-            };
-            AssertUnwindSafe(call(invocation)).catch_unwind().await
+        ((prepared.tool.call)(invocation), cancel_on_exit)
+    }
+
+    /// Runs `work` until it ends, `cancel` fires (the client went away), the server shuts down
+    /// or `deadline` passes. The tool's branch first: a tool that finishes on its first poll
+    /// never registers the deadline's timer or the cancellation waiters.
+    async fn interruptible(
+        &self,
+        work: impl Future<Output = ToolResult>,
+        cancel: Option<&CancellationToken>,
+        deadline: Instant,
+    ) -> Ran {
+        let client_gone = async {
+            match cancel {
+                Some(cancel) => cancel.cancelled().await,
+                None => std::future::pending().await,
+            }
         };
-        // The tool's branch first: a tool that finishes on its first poll never registers the
-        // deadline's timer or the cancellation waiters, the common fast path.
-        let ran = tokio::select! {
+        tokio::select! {
             biased;
-            result = work => match result {
-                Ok(Ok(output)) => Ran::Output(output),
-                Ok(Err(error)) => Ran::Error(error),
-                Err(panic) => {
-                    let message = panic
-                        .downcast_ref::<&str>()
-                        .map(|text| (*text).to_owned())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "non-text panic payload".to_owned());
-                    tracing::error!(panic = %message, "tool panicked");
-                    Ran::Panicked
-                }
-            },
-            () = cancel.cancelled() => Ran::Cancelled,
+            result = work => ran(result),
+            () = client_gone => Ran::Cancelled,
             () = self.shutdown.cancelled() => Ran::Cancelled,
-            () = tokio::time::sleep_until(prepared.deadline) => Ran::TimedOut,
-        };
-        ran
+            () = tokio::time::sleep_until(deadline) => Ran::TimedOut,
+        }
     }
 
     /// Turns how the tool ended into the answer, and records it as the idempotency table says.
@@ -916,6 +1058,33 @@ impl Runtime {
         ran: Ran,
         events: Option<&EventSender>,
     ) -> Outcome {
+        let (outcome, kept) = self.outcome_of(prepared, ran, events);
+        let Some((key, _)) = &prepared.idempotency else {
+            return outcome;
+        };
+        match kept {
+            Kept::Nothing => self.release(prepared, key).await,
+            Kept::Uncertain => {
+                let finish = Finish::Uncertain {
+                    execution_id: prepared.execution_id.clone(),
+                };
+                self.keep(key, finish, prepared.lease_end()).await;
+            }
+            Kept::Response => {
+                let finish = Finish::Response(outcome.response.clone());
+                self.keep(key, finish, prepared.lease_end()).await;
+            }
+        }
+        outcome
+    }
+
+    /// How the tool ended, as the answer and what the idempotency table keeps of it.
+    fn outcome_of(
+        &self,
+        prepared: &Prepared,
+        ran: Ran,
+        events: Option<&EventSender>,
+    ) -> (Outcome, Kept) {
         let tool = prepared.tool;
         let safe_to_rerun = tool.idempotent || tool.effect.is_read_only();
         let (status, ended) = match ran {
@@ -956,7 +1125,7 @@ impl Runtime {
                 )
             }
         };
-        let (outcome, kept) = match ended {
+        match ended {
             Ended::Output(body) => {
                 let outcome = Outcome {
                     response: StoredResponse {
@@ -980,24 +1149,7 @@ impl Runtime {
                 );
                 (self.answer_failure(prepared, status, &error, events), kept)
             }
-        };
-        let Some((key, _)) = &prepared.idempotency else {
-            return outcome;
-        };
-        match kept {
-            Kept::Nothing => self.release(prepared, key).await,
-            Kept::Uncertain => {
-                let finish = Finish::Uncertain {
-                    execution_id: prepared.execution_id.clone(),
-                };
-                self.keep(key, finish, prepared.lease_end()).await;
-            }
-            Kept::Response => {
-                let finish = Finish::Response(outcome.response.clone());
-                self.keep(key, finish, prepared.lease_end()).await;
-            }
         }
-        outcome
     }
 
     /// The answer for a call refused before it could run.
@@ -1228,6 +1380,49 @@ fn interrupted(error: ToolError, safe_to_rerun: bool) -> ToolError {
     } else {
         error
     }
+}
+
+/// How a tool's future ended: its result, or the panic it was unwound with.
+type ToolResult = std::thread::Result<Result<crate::tool::Output, ToolError>>;
+
+fn ran(result: ToolResult) -> Ran {
+    match result {
+        Ok(Ok(output)) => Ran::Output(output),
+        Ok(Err(error)) => Ran::Error(error),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|text| (*text).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-text panic payload".to_owned());
+            tracing::error!(panic = %message, "tool panicked");
+            Ran::Panicked
+        }
+    }
+}
+
+/// Polls a tool's call once, outside any timer or cancellation waiter: how it ended, if it
+/// did (most tools end without waiting). A call that waits goes on under
+/// [`Runtime::interruptible`], whose first poll replaces the no-op waker given here.
+fn first_poll(call: &mut CallFuture) -> Option<ToolResult> {
+    let polled = panic::catch_unwind(AssertUnwindSafe(|| {
+        call.as_mut()
+            .poll(&mut std::task::Context::from_waker(Waker::noop()))
+    }));
+    match polled {
+        Ok(Poll::Ready(result)) => Some(Ok(result)),
+        Ok(Poll::Pending) => None,
+        Err(panic) => Some(Err(panic)),
+    }
+}
+
+/// The tool's call, after its turn when the tool is not parallel-safe, catching its panics.
+async fn serialized(serial: Option<Arc<Mutex<()>>>, call: CallFuture) -> ToolResult {
+    let _turn = match &serial {
+        Some(lock) => Some(lock.lock().await),
+        None => None,
+    };
+    AssertUnwindSafe(call).catch_unwind().await
 }
 
 /// Polls `future` once: its output if it finished, else the future, to go on in a task of its
