@@ -211,7 +211,6 @@ impl Prepared {
     }
 }
 
-/// A call refused before it could run, with what the suggestions need.
 /// A call once begun: how its outcome comes.
 enum Begun<'a> {
     /// Answered without waiting.
@@ -236,6 +235,7 @@ struct Traced {
     execution_id: Arc<str>,
 }
 
+/// A call refused before it could run, with what the suggestions need.
 struct Rejected {
     error: ToolError,
     tool: String,
@@ -1385,6 +1385,7 @@ fn interrupted(error: ToolError, safe_to_rerun: bool) -> ToolError {
 /// How a tool's future ended: its result, or the panic it was unwound with.
 type ToolResult = std::thread::Result<Result<crate::tool::Output, ToolError>>;
 
+/// How the tool ended, for the answer; a panic is logged here, its message never answered.
 fn ran(result: ToolResult) -> Ran {
     match result {
         Ok(Ok(output)) => Ran::Output(output),
