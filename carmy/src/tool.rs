@@ -11,7 +11,6 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Serialize, Serializer};
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use crate::context::{Context, TrustLevel};
 use crate::state::StateMap;
@@ -219,10 +218,11 @@ impl StateRequirement {
     }
 }
 
-/// A tool's serialized output.
+/// A tool's output, serialized as JSON. A `String`, not a boxed `RawValue`, whose boxing
+/// would shrink the buffer serde wrote into, a reallocation on every call.
 #[doc(hidden)]
 #[derive(Debug)]
-pub struct Output(pub(crate) Box<RawValue>);
+pub struct Output(pub(crate) String);
 
 /// Everything a tool's shim needs for one call: the validated arguments, the context and the
 /// app's state.
@@ -367,7 +367,7 @@ pub fn ok_or_tool_error<T, E: ToolResultError>(result: Result<T, E>) -> Result<T
 /// Serializes the tool's output; a failure is the tool's bug, reported as `INVALID_OUTPUT`.
 #[doc(hidden)]
 pub fn serialize_output<T: SerializeOutput>(value: &T) -> Result<Output, ToolError> {
-    serde_json::value::to_raw_value(value)
+    serde_json::to_string(value)
         .map(Output)
         .map_err(|error| ToolError::invalid_output(&error))
 }
