@@ -36,6 +36,9 @@ pub(crate) struct Catalog {
 #[derive(Clone)]
 pub(crate) struct CatalogTool {
     pub(crate) descriptor: &'static ToolDescriptor,
+    /// The descriptor's name, shared: a call's idempotency fingerprint names its tool without
+    /// a copy of its own.
+    pub(crate) name: Arc<str>,
     /// The lowest trust level that sees and calls it: the descriptor's, or `[tools.NAME]
     /// access`.
     pub(crate) access: TrustLevel,
@@ -210,6 +213,7 @@ impl CatalogTool {
         }
         Ok(CatalogTool {
             descriptor,
+            name: Arc::from(descriptor.name),
             access: descriptor.access,
             timeout: descriptor.timeout,
             description: normalize_doc(descriptor.description).into(),
@@ -293,6 +297,7 @@ mod tests {
     fn a_validator_that_cannot_compile_fails_the_call() {
         let tool = CatalogTool {
             descriptor: &BROKEN,
+            name: Arc::from(BROKEN.name),
             access: TrustLevel::Anonymous,
             timeout: None,
             description: Arc::from(""),

@@ -204,7 +204,7 @@ pub struct Context {
 
 struct ContextInner {
     execution_id: Arc<str>,
-    request_id: Option<String>,
+    request_id: Option<Arc<str>>,
     principal: Principal,
     requester: Requester,
     /// Made when first asked for: most tools never look at it.
@@ -216,7 +216,7 @@ struct ContextInner {
 impl Context {
     pub(crate) fn new(
         execution_id: Arc<str>,
-        request_id: Option<String>,
+        request_id: Option<Arc<str>>,
         principal: Principal,
         requester: Requester,
         events: Option<EventSender>,

@@ -15,7 +15,7 @@ use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::error::Error;
 use crate::http::{Documents, Features};
-use crate::principal::TrustLevel;
+use crate::principal::{Principal, TrustLevel};
 use crate::protection::Protection;
 use crate::runtime;
 
@@ -44,14 +44,32 @@ impl std::fmt::Debug for Settings {
     }
 }
 
+/// What the protection gate attaches to a request it admits: the configuration snapshot the
+/// request is served under, and its caller. One extension rather than two: each is an entry
+/// of its own, boxed, in the request's extension map.
+#[derive(Clone)]
+pub(crate) struct Admitted {
+    pub(crate) settings: Arc<Settings>,
+    pub(crate) principal: Principal,
+}
+
+impl Admitted {
+    /// The caller the gate admitted, if `request` passed the gate.
+    pub(crate) fn caller(request: &Extensions) -> Option<&Principal> {
+        request
+            .get::<Admitted>()
+            .map(|admitted| &admitted.principal)
+    }
+}
+
 impl Settings {
     /// The snapshot the gate attached to a request, else the one in force (a request that did
     /// not pass the gate, as on MCP's stdio).
     pub(crate) fn of(request: &Extensions, current: &Current) -> Arc<Settings> {
-        request
-            .get::<Arc<Settings>>()
-            .cloned()
-            .unwrap_or_else(|| current.load_full())
+        request.get::<Admitted>().map_or_else(
+            || current.load_full(),
+            |admitted| Arc::clone(&admitted.settings),
+        )
     }
 
     /// MCP's tool list for callers trusted at `trust`.

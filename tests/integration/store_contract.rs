@@ -426,9 +426,14 @@ pub(crate) async fn waiters_are_woken(store: Arc<dyn IdempotencyStore>) {
         reserve(&*store, &k, &fp, "exec_w").await,
         Reservation::Reserved
     ));
-    let Reservation::Running { changed, .. } = reserve(&*store, &k, &fp, "exec_2").await else {
+    let Reservation::Running { mut changed, .. } = reserve(&*store, &k, &fp, "exec_2").await else {
         panic!("expected running");
     };
+    // Nothing has changed yet: a waiter woken now would only ask again, and again.
+    assert!(
+        futures_util::FutureExt::now_or_never(&mut changed).is_none(),
+        "a waiter is woken before the record changes"
+    );
     let finisher = {
         let store = store.clone();
         let k = k.clone();

@@ -51,9 +51,20 @@ pub enum OrderError {
     OutOfStock,
 }
 
+/// An order placed, kept as the example's `create_order` keeps it (for `get_order`), so the
+/// peers serve the same tool, memory included; no peer reads orders back.
+#[derive(Debug)]
+#[allow(dead_code, reason = "kept as the example keeps it, never read")]
+struct Order {
+    order_id: u64,
+    sku: String,
+    quantity: u64,
+    cancelled: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct Shop {
-    inner: Arc<Mutex<(BTreeMap<String, Product>, u64)>>,
+    inner: Arc<Mutex<(BTreeMap<String, Product>, Vec<Order>)>>,
 }
 
 impl Default for Shop {
@@ -64,12 +75,12 @@ impl Default for Shop {
                 (sku.to_owned(), Product { sku: sku.to_owned(), name: name.to_owned(), price_cents, stock })
             })
             .collect();
-        Shop { inner: Arc::new(Mutex::new((products, 0))) }
+        Shop { inner: Arc::new(Mutex::new((products, Vec::new()))) }
     }
 }
 
 impl Shop {
-    pub fn create_order(&self, order: &NewOrder) -> Result<Placed, OrderError> {
+    pub fn create_order(&self, order: NewOrder) -> Result<Placed, OrderError> {
         let mut inner = self.inner.lock().unwrap();
         let (products, orders) = &mut *inner;
         let product = products.get_mut(&order.sku).ok_or(OrderError::UnknownSku)?;
@@ -77,8 +88,9 @@ impl Shop {
             return Err(OrderError::OutOfStock);
         }
         product.stock -= order.quantity;
-        *orders += 1;
-        Ok(Placed { order_id: *orders })
+        let order_id = orders.len() as u64 + 1;
+        orders.push(Order { order_id, sku: order.sku, quantity: order.quantity, cancelled: false });
+        Ok(Placed { order_id })
     }
 
     pub fn list_products(&self) -> Products {

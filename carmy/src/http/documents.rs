@@ -24,7 +24,7 @@ use crate::catalog::{self, Catalog, Lossy, Provider, ToolDefinition};
 use crate::context::Requester;
 use crate::openapi;
 use crate::principal::{Principal, TrustLevel};
-use crate::settings::{Current, Settings};
+use crate::settings::{Admitted, Current, Settings};
 use crate::tool::{Confirmation, Effect, Mode};
 use crate::tool_error::ToolError;
 use crate::wire::{JSON, NO_STORE, paths};
@@ -220,9 +220,7 @@ impl Documents {
 
     /// The documents the caller of `request` sees (anonymous when nobody attached a caller).
     pub(super) fn for_caller(&self, request: &Extensions) -> &LevelDocuments {
-        let trust = request
-            .get::<Principal>()
-            .map_or(TrustLevel::Anonymous, Principal::trust);
+        let trust = Admitted::caller(request).map_or(TrustLevel::Anonymous, Principal::trust);
         &self.levels[trust.index()]
     }
 }

@@ -27,7 +27,7 @@ use crate::context::{Event, EventReceiver, event_channel};
 use crate::executions::running_body;
 use crate::principal::Principal;
 use crate::runtime::{self, Accepted, Answer, Call, Delivery, Outcome, Runtime, response};
-use crate::settings::{Current, Settings};
+use crate::settings::{Admitted, Current, Settings};
 use crate::tool_error::{ToolError, clip, retry_after_secs};
 use crate::wire::paths;
 use crate::wire::{
@@ -88,9 +88,7 @@ pub(crate) fn execute(
 
 /// The caller, attached by the protection gate, which every route sits behind.
 pub(super) fn caller(parts: &Parts) -> Principal {
-    parts
-        .extensions
-        .get::<Principal>()
+    Admitted::caller(&parts.extensions)
         .cloned()
         .unwrap_or_default()
 }

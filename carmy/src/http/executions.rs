@@ -22,6 +22,7 @@ use crate::executions::{
 };
 use crate::idempotency::{Cancellation, ExecutionQuery, ExecutionState};
 use crate::principal::Principal;
+use crate::settings::Admitted;
 use crate::tool_error::{ToolError, clip, retry_after_secs};
 use crate::wire::paths;
 use crate::wire::{JSON, LAST_EVENT_ID, NO_STORE, codes};
@@ -51,9 +52,7 @@ pub(crate) fn router(gate: &GateLayer, state: ExecutionsState) -> Router {
 
 /// The caller, attached by the protection gate every route sits behind.
 fn caller(request: &Request) -> Principal {
-    request
-        .extensions()
-        .get::<Principal>()
+    Admitted::caller(request.extensions())
         .cloned()
         .unwrap_or_default()
 }

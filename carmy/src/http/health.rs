@@ -11,8 +11,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::GateLayer;
-use crate::context::{Principal, TrustLevel};
+use crate::context::TrustLevel;
 use crate::health::{CheckStatus, Health};
+use crate::settings::Admitted;
 use crate::wire::paths;
 
 static HEALTH_JSON: HeaderValue = HeaderValue::from_static("application/health+json");
@@ -55,9 +56,7 @@ struct CheckBody<'a> {
 /// The state machine and every component; `output` only for `internal` callers. 503 when
 /// `degraded`.
 async fn report(State(health): State<Health>, request: Request) -> Response {
-    let internal = request
-        .extensions()
-        .get::<Principal>()
+    let internal = Admitted::caller(request.extensions())
         .is_some_and(|principal| principal.trust() == TrustLevel::Internal);
     let snapshot = health.snapshot();
     let status = snapshot.status();

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::GateLayer;
 use crate::principal::{Principal, TrustLevel};
+use crate::settings::Admitted;
 use crate::telemetry::{Format, Metrics};
 use crate::wire::NO_STORE;
 
@@ -35,10 +36,8 @@ pub(crate) fn router(gate: &GateLayer, metrics: Arc<Metrics>, trust: TrustLevel)
 }
 
 async fn expose(State(exposition): State<Exposition>, request: Request) -> Response {
-    let caller = request
-        .extensions()
-        .get::<Principal>()
-        .map_or(TrustLevel::Anonymous, Principal::trust);
+    let caller =
+        Admitted::caller(request.extensions()).map_or(TrustLevel::Anonymous, Principal::trust);
     if caller < exposition.trust {
         return super::route_not_found().await.into_response();
     }

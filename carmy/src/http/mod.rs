@@ -135,12 +135,9 @@ fn not_a_route() -> ToolError {
 /// Whether the caller may use a management route: `internal`, or holding `permission`.
 /// Anyone else gets the unknown route's `404`, so the route reveals nothing.
 fn may_manage(request: &axum::extract::Request, permission: &str) -> bool {
-    request
-        .extensions()
-        .get::<crate::principal::Principal>()
-        .is_some_and(|caller| {
-            caller.trust() == TrustLevel::Internal || caller.has_permission(permission)
-        })
+    crate::settings::Admitted::caller(request.extensions()).is_some_and(|caller| {
+        caller.trust() == TrustLevel::Internal || caller.has_permission(permission)
+    })
 }
 
 /// A route that takes no input refuses a body rather than ignoring it.

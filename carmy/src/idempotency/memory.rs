@@ -102,10 +102,12 @@ struct Claim<'a> {
 /// Each state holds the id of the execution that reserved the key: once, as the answer's own
 /// copy when there is one (16 bytes less per record than a field beside the state).
 enum State {
-    /// Dropping the sender wakes the duplicates waiting for this execution.
+    /// Dropping the sender wakes the duplicates waiting for this execution. It is made for
+    /// the first duplicate: most calls have none, and a channel is an allocation and, when
+    /// dropped, a wake-up of its eight waiter lists.
     Running {
         execution_id: Arc<str>,
-        changed: watch::Sender<()>,
+        changed: Option<watch::Sender<()>>,
         lease_until: Instant,
     },
     Finished(StoredResponse),
@@ -252,13 +254,15 @@ impl Shard {
                         tool: record.tool.clone(),
                     };
                 }
-                match &record.state {
+                match &mut record.state {
                     State::Running {
                         execution_id,
                         changed,
                         lease_until,
                     } if *lease_until > now => {
-                        let mut changed = changed.subscribe();
+                        let mut changed = changed
+                            .get_or_insert_with(|| watch::channel(()).0)
+                            .subscribe();
                         let lease_until = *lease_until;
                         return Reservation::Running {
                             execution_id: execution_id.clone(),
@@ -302,7 +306,7 @@ impl Shard {
                 digest: short_digest(claim.fingerprint),
                 state: State::Running {
                     execution_id: Arc::clone(claim.execution_id),
-                    changed: watch::channel(()).0,
+                    changed: None,
                     lease_until,
                 },
                 // A running record lives until its lease, whatever the ttl; then uncertain.

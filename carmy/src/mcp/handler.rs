@@ -23,7 +23,7 @@ use crate::executions::{self, RETRY_AFTER};
 use crate::idempotency::{Cancellation, ExecutionStatus};
 use crate::principal::Principal;
 use crate::runtime::{self, Answer, Call, Delivery, Outcome, Runtime};
-use crate::settings::{Current, Settings};
+use crate::settings::{Admitted, Current, Settings};
 use crate::telemetry::{self, TraceParent};
 use crate::tool_error::ToolError;
 use crate::wire::codes;
@@ -95,9 +95,7 @@ impl McpHandler {
     fn caller(&self, context: &RequestContext<RoleServer>) -> (Principal, Arc<Settings>) {
         match context.extensions.get::<Parts>() {
             Some(parts) => (
-                parts
-                    .extensions
-                    .get::<Principal>()
+                Admitted::caller(&parts.extensions)
                     .cloned()
                     .unwrap_or_default(),
                 Settings::of(&parts.extensions, &self.shared.current),

@@ -33,7 +33,7 @@ use crate::error::Error;
 use crate::http::GateLayer;
 use crate::http::error::{retry_after_header, status_of};
 use crate::principal::Principal;
-use crate::settings::Settings;
+use crate::settings::Admitted;
 use crate::tool_error::ToolError;
 use crate::wire::paths;
 use crate::wire::{BEARER_CHALLENGE, JSON, NO_STORE, codes};
@@ -95,8 +95,8 @@ pub(crate) async fn serve_stdio(handler: McpHandler) -> Result<(), Error> {
 async fn admit(request: Request, next: Next) -> Response {
     let allowed: &[String] = request
         .extensions()
-        .get::<Arc<Settings>>()
-        .map_or(&[], |settings| &settings.protection.cors_origins);
+        .get::<Admitted>()
+        .map_or(&[], |admitted| &admitted.settings.protection.cors_origins);
     if let Some(origin) = request.headers().get(ORIGIN)
         && !origin_allowed(origin, allowed)
     {

@@ -23,7 +23,7 @@ use tower_http::cors::CorsLayer;
 use crate::auth::{self, Authenticator};
 use crate::http::{METRICS_PATH, is_console, is_probe};
 use crate::principal::{Principal, TrustLevel};
-use crate::settings::Current;
+use crate::settings::{Admitted, Current};
 use crate::telemetry::Metrics;
 use crate::tool_error::ToolError;
 use crate::wire::{
@@ -106,9 +106,8 @@ impl Default for Protection {
 }
 
 impl Protection {
-    /// Version, then caller, then budget; the caller is attached to the request for the
-    /// routes.
-    async fn admit(&self, parts: &mut Parts) -> Result<(), ToolError> {
+    /// Version, then caller, then budget: the caller, admitted.
+    async fn admit(&self, parts: &Parts) -> Result<Principal, ToolError> {
         check_version(&parts.headers)?;
         if parts.headers.get_all(ORIGIN).iter().nth(1).is_some() {
             return Err(ToolError::invalid_request(
@@ -137,8 +136,7 @@ impl Protection {
                 .retryable(retry_after));
             }
         }
-        parts.extensions.insert(principal);
-        Ok(())
+        Ok(principal)
     }
 
     /// The key a caller's budget is counted under: the principal, or for anonymous callers
@@ -203,11 +201,16 @@ where
     // would hold the parts twice (rust-lang/rust#62958).
     async move {
         let settings = current.load_full();
-        parts.extensions.insert(Arc::clone(&settings));
         let protection = &settings.protection;
         let refuse = refusal_for(parts.uri.path());
-        let mut response = match protection.admit(&mut parts).await {
-            Ok(()) => route(Request::from_parts(parts, body)).await,
+        let mut response = match protection.admit(&parts).await {
+            Ok(principal) => {
+                parts.extensions.insert(Admitted {
+                    settings: Arc::clone(&settings),
+                    principal,
+                });
+                route(Request::from_parts(parts, body)).await
+            }
             Err(error) => refuse(error),
         };
         let headers = response.headers_mut();

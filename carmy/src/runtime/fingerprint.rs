@@ -9,13 +9,13 @@ use sha2::{Digest, Sha256};
 
 use crate::idempotency::Fingerprint;
 
-pub(crate) fn fingerprint(tool: &'static str, arguments: &Value) -> Fingerprint {
+pub(crate) fn fingerprint(tool: &Arc<str>, arguments: &Value) -> Fingerprint {
     let mut hasher = Sha256::new();
     hasher.update(tool.as_bytes());
     hasher.update([0]);
     write_canonical(&mut HashWriter(&mut hasher), arguments).expect("hashing never fails to write");
     Fingerprint {
-        tool: Arc::from(tool),
+        tool: Arc::clone(tool),
         digest: hasher.finalize().into(),
     }
 }
@@ -68,6 +68,10 @@ impl Write for HashWriter<'_> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn fingerprint(tool: &str, arguments: &Value) -> Fingerprint {
+        super::fingerprint(&Arc::from(tool), arguments)
+    }
 
     #[test]
     fn key_order_does_not_matter_but_values_do() {

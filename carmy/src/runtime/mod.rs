@@ -193,7 +193,8 @@ struct Prepared {
     execution_id: Arc<str>,
     tool: &'static ToolDescriptor,
     arguments: Arc<Value>,
-    request_id: Option<String>,
+    /// Shared by the idempotency key and the tool's context.
+    request_id: Option<Arc<str>>,
     principal: Principal,
     requester: Requester,
     idempotency: Option<(IdempotencyKey, Fingerprint)>,
@@ -471,7 +472,13 @@ impl Runtime {
                     .run(prepared, cancel, events)
                     .instrument(span.clone());
                 match poll_once(run) {
-                    Ok(outcome) => Begun::Ended(outcome),
+                    Ok(outcome) => {
+                        // Ended: nothing is left to cancel.
+                        if let Some(client_gone) = client_gone {
+                            client_gone.disarm();
+                        }
+                        Begun::Ended(outcome)
+                    }
                     Err(waiting) => Begun::Running {
                         task: self.tasks.spawn(waiting),
                         client_gone,
@@ -631,10 +638,11 @@ impl Runtime {
                 arguments,
             });
         }
+        let request_id: Option<Arc<str>> = request_id.map(Arc::from);
         let idempotency = request_id.as_ref().map(|request_id| {
             (
-                IdempotencyKey::new(principal.shared_id(), request_id.as_str()),
-                fingerprint::fingerprint(descriptor.name, &arguments),
+                IdempotencyKey::new(principal.shared_id(), Arc::clone(request_id)),
+                fingerprint::fingerprint(&entry.name, &arguments),
             )
         });
         let timeout = entry.timeout.unwrap_or(self.settings.default_timeout);

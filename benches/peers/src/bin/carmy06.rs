@@ -5,7 +5,7 @@ use carmy_bench_peers::{NewOrder, OrderError, Placed, Products, Shop};
 
 #[carmy::tool(description = "Place an order", effect = "write")]
 async fn create_order(State(shop): State<Shop>, input: NewOrder) -> AgentResult<Placed> {
-    shop.create_order(&input).map_err(|error| match error {
+    shop.create_order(input).map_err(|error| match error {
         OrderError::UnknownSku => AgentError::new("PRODUCT_NOT_FOUND", "no such product", ErrorCategory::NotFound),
         OrderError::OutOfStock => AgentError::new("OUT_OF_STOCK", "out of stock", ErrorCategory::Conflict),
     })

@@ -19,7 +19,7 @@ struct ShopServer {
 impl ShopServer {
     #[tool(description = "Place an order")]
     async fn create_order(&self, Parameters(input): Parameters<NewOrder>) -> Result<Json<carmy_bench_peers::Placed>, ErrorData> {
-        self.shop.create_order(&input).map(Json).map_err(|error| match error {
+        self.shop.create_order(input).map(Json).map_err(|error| match error {
             OrderError::UnknownSku => ErrorData::invalid_params("no such product", None),
             OrderError::OutOfStock => ErrorData::invalid_params("out of stock", None),
         })
