@@ -184,7 +184,8 @@ impl PeerKey {
 /// The gate every route sits behind: the one read of the configuration a request makes
 /// (admission, the route and the response headers all see this snapshot), then admission, whose
 /// refusal is rendered in the transport's own error shape; `route` answers an admitted request.
-/// The request comes in parts, which admission reads and extends in place.
+/// The request comes in parts: admission reads them, and an admitted request carries its
+/// [`Admitted`] (the snapshot and the caller) to its route.
 #[allow(
     clippy::manual_async_fn,
     reason = "an async fn keeps its arguments twice"
