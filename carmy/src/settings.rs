@@ -60,6 +60,11 @@ impl Admitted {
             .get::<Admitted>()
             .map(|admitted| &admitted.principal)
     }
+
+    /// The caller the gate admitted, anonymous for a request that did not pass it.
+    pub(crate) fn caller_or_anonymous(request: &Extensions) -> Principal {
+        Self::caller(request).cloned().unwrap_or_default()
+    }
 }
 
 impl Settings {

@@ -78,19 +78,19 @@ pub(crate) fn execute(
     let (parts, body) = request.into_parts();
     async move {
         let catalog = catalog_of(&parts, &state.current);
-        let call = match read_call(&parts.headers, body, caller(&parts), catalog).await {
+        let call = match read_call(
+            &parts.headers,
+            body,
+            Admitted::caller_or_anonymous(&parts.extensions),
+            catalog,
+        )
+        .await
+        {
             Ok(call) => call,
             Err(error) => return error.into_response(),
         };
         answer(state, &parts.headers, call).await
     }
-}
-
-/// The caller, attached by the protection gate, which every route sits behind.
-pub(super) fn caller(parts: &Parts) -> Principal {
-    Admitted::caller(&parts.extensions)
-        .cloned()
-        .unwrap_or_default()
 }
 
 /// The catalog of the configuration snapshot the gate attached to the request.

@@ -21,7 +21,6 @@ use crate::executions::{
     self, DEFAULT_PAGE, Executions, MAX_PAGE, RETRY_AFTER as RUNNING_RETRY_AFTER,
 };
 use crate::idempotency::{Cancellation, ExecutionQuery, ExecutionState};
-use crate::principal::Principal;
 use crate::settings::Admitted;
 use crate::tool_error::{ToolError, clip, retry_after_secs};
 use crate::wire::paths;
@@ -48,13 +47,6 @@ pub(crate) fn router(gate: &GateLayer, state: ExecutionsState) -> Router {
             &format!("{}/{{execution_id}}/events", paths::EXECUTIONS),
             executions.get(events),
         )
-}
-
-/// The caller, attached by the protection gate every route sits behind.
-fn caller(request: &Request) -> Principal {
-    Admitted::caller(request.extensions())
-        .cloned()
-        .unwrap_or_default()
 }
 
 fn not_found() -> ToolError {
@@ -93,7 +85,10 @@ async fn lookup(
     let execution_id = execution_id(path)?;
     let record = state
         .executions
-        .lookup(&caller(&request), &execution_id)
+        .lookup(
+            &Admitted::caller_or_anonymous(request.extensions()),
+            &execution_id,
+        )
         .await?
         .ok_or_else(not_found)?;
     Ok(match record.outcome {
@@ -122,7 +117,7 @@ async fn cancel(
     request: Request,
 ) -> Result<Response, ToolError> {
     let execution_id = execution_id(path)?;
-    let principal = caller(&request);
+    let principal = Admitted::caller_or_anonymous(request.extensions());
     match state.executions.cancel(&principal, &execution_id).await? {
         Cancellation::NotFound => Err(not_found()),
         Cancellation::Ended => Err(ToolError::conflict(
@@ -154,7 +149,11 @@ async fn events(
     let after = last_event_id(request.headers())?;
     let events = state
         .executions
-        .events(&caller(&request), &execution_id, after)
+        .events(
+            &Admitted::caller_or_anonymous(request.extensions()),
+            &execution_id,
+            after,
+        )
         .await?
         .ok_or_else(not_found)?;
     let frames = events.map(|event| sse::frame(event.name, event.id, event.data.as_bytes()));
@@ -200,7 +199,10 @@ async fn list(
     let Query(parameters) =
         query.map_err(|_| bad_parameter("query", "the query string could not be decoded"))?;
     let query = list_query(&parameters)?;
-    let page = state.executions.list(&caller(&request), query).await?;
+    let page = state
+        .executions
+        .list(&Admitted::caller_or_anonymous(request.extensions()), query)
+        .await?;
     let body = ListBody {
         executions: page
             .executions

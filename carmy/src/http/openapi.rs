@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::execute::{self, ExecuteState};
 use super::requester::requester;
 use crate::runtime::{self, Call};
-use crate::settings::{Current, Settings};
+use crate::settings::{Admitted, Current, Settings};
 use crate::tool_error::ToolError;
 
 pub(crate) async fn document(current: Current, request: Request) -> Response {
@@ -43,7 +43,7 @@ pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Reques
             tool,
             arguments,
             request_id,
-            principal: execute::caller(&parts),
+            principal: Admitted::caller_or_anonymous(&parts.extensions),
             requester: requester(&parts.headers)?,
             catalog: execute::catalog_of(&parts, &state.current),
         })

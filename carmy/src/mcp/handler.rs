@@ -95,9 +95,7 @@ impl McpHandler {
     fn caller(&self, context: &RequestContext<RoleServer>) -> (Principal, Arc<Settings>) {
         match context.extensions.get::<Parts>() {
             Some(parts) => (
-                Admitted::caller(&parts.extensions)
-                    .cloned()
-                    .unwrap_or_default(),
+                Admitted::caller_or_anonymous(&parts.extensions),
                 Settings::of(&parts.extensions, &self.shared.current),
             ),
             None => (
