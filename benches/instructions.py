@@ -4,15 +4,18 @@ is doing, so two builds compare exactly even on a loaded machine (wall-clock req
 
     python3 benches/instructions.py BIN [BIN ...] [--path /agent/execute] [--body JSON]
                                     [--header 'Name: value'] [--config carmy.toml] [--subscribe]
+                                    [--mcp-session]
 
-Each binary (the example, `shop`, of some build) runs under `valgrind --tool=callgrind`; one
-keep-alive client sends the same request SMALL times, then LARGE times in a second run; the
-difference of the two totals divided by LARGE - SMALL is the cost of one request, start-up and
-shutdown cancelled out. A `{id}` in the body becomes a number unique to each request (a fresh
+Each binary (the example, `shop`, of some build; a peer with its arguments, quoted as one:
+`'rmcp_shop --sessions'`) runs under `valgrind --tool=callgrind`; one keep-alive client sends
+the same request SMALL times, then LARGE times in a second run; the difference of the two
+totals divided by LARGE - SMALL is the cost of one request, start-up and shutdown cancelled
+out. A `{id}` in the body becomes a number unique to each request (a fresh
 `request_id`). `--subscribe` first subscribes a receiver (a thread of this script on 127.0.0.1,
 answering 204) to `execution.finished` as the example's internal caller, allowing loopback for
 it as a test configuration would: the cost of writing and delivering the events is counted.
-Loopback only.
+`--mcp-session` counts MCP `tools/call create_order` in a session (2025-11-25), opened as
+`benches/run.py` opens it. Loopback only.
 """
 
 import argparse
@@ -21,11 +24,14 @@ import http.server
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import tempfile
 import threading
 import time
+
+from run import MCP_SESSION, SESSION_HEADERS, mcp_session_call, opened_mcp_session
 
 PORT = int(os.environ.get("BENCH_PORT", "3190"))  # another port runs two counts at once
 # Valgrind counts each iteration of `rep movsb` as an instruction, and glibc's memcpy takes
@@ -72,7 +78,7 @@ def count(binary, requests, method, path, body, headers, config, receiver_port):
     if receiver_port:
         env.update(CARMY_EVENTS_ALLOW_HTTP="true", CARMY_EVENTS_ALLOW_NETWORKS="127.0.0.0/8")
     server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary],
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *shlex.split(binary)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 60
@@ -88,6 +94,9 @@ def count(binary, requests, method, path, body, headers, config, receiver_port):
                 time.sleep(0.2)
         if receiver_port:
             subscribe(connection, receiver_port)
+        if any(MCP_SESSION in value for value in headers.values()):
+            session = opened_mcp_session(PORT)
+            headers = {name: value.replace(MCP_SESSION, session) for name, value in headers.items()}
         for number in range(requests):
             sent = body.replace("{id}", f"{os.getpid()}-{requests}-{number}") if body else None
             connection.request(method, path, body=sent, headers=headers)
@@ -112,7 +121,12 @@ def main():
     parser.add_argument("--header", action="append", default=[])
     parser.add_argument("--config", help="CARMY_CONFIG for every binary")
     parser.add_argument("--subscribe", action="store_true")
+    parser.add_argument("--mcp-session", action="store_true")
     args = parser.parse_args()
+    if args.mcp_session:
+        args.path = "/mcp"
+        args.body = mcp_session_call("create_order", {"sku": "KB-01"})
+        args.header = SESSION_HEADERS.splitlines() + args.header
     receiver_port = None
     if args.subscribe:
         receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)

@@ -60,6 +60,42 @@ def mcp_headers(tool):
             f"MCP-Protocol-Version: 2026-07-28\nMcp-Method: tools/call\nMcp-Name: {tool}")
 
 
+# The `initialize`/`Mcp-Session-Id` generation of MCP: one session per server, opened before the
+# measurement; a header value with this in it becomes the session's id.
+MCP_SESSION = "{mcp_session}"
+SESSION_VERSION = "2025-11-25"
+SESSION_HEADERS = ("Content-Type: application/json\nAccept: application/json, text/event-stream\n"
+                   f"MCP-Protocol-Version: {SESSION_VERSION}\nMcp-Session-Id: {MCP_SESSION}")
+
+
+def mcp_session_call(tool, arguments):
+    # A session's requests in flight need ids of their own: the SDK answers only one of two
+    # with the same id, and the other waits forever.
+    return json.dumps({"jsonrpc": "2.0", "id": "{id}", "method": "tools/call",
+                       "params": {"name": tool, "arguments": arguments}}, separators=(",", ":"))
+
+
+def opened_mcp_session(port):
+    """Opens an MCP session on the server at `port` as a client does (`initialize`, then
+    `notifications/initialized`); returns its id."""
+    def post(message, session=None):
+        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        if session:
+            headers.update({"Mcp-Session-Id": session, "MCP-Protocol-Version": SESSION_VERSION})
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/mcp", headers=headers,
+                                         data=json.dumps(message).encode())
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+            return response.headers.get("Mcp-Session-Id")
+    session = post({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": SESSION_VERSION, "capabilities": {},
+        "clientInfo": {"name": "bench", "version": "1"}}})
+    if not session:
+        raise RuntimeError("initialize answered without an Mcp-Session-Id")
+    post({"jsonrpc": "2.0", "method": "notifications/initialized"}, session)
+    return session
+
+
 # scenario -> target -> (method, path, body, headers); a target absent from a scenario does not
 # serve it.
 def scenarios(etags):
@@ -76,6 +112,12 @@ def scenarios(etags):
             "baseline": execute(CREATE),
             **{target: ("POST", "/mcp", mcp_call("create_order", {"sku": "KB-01"}), mcp_headers("create_order"))
                for target in ("carmy", "rmcp")},
+        },
+        # the same call in an MCP session (2025-11-25), against rmcp serving sessions
+        "MCP tools/call create_order, session": {
+            "baseline": execute(CREATE),
+            **{target: ("POST", "/mcp", mcp_session_call("create_order", {"sku": "KB-01"}), SESSION_HEADERS)
+               for target in ("carmy", "rmcp, sessions")},
         },
         "execute list_products": {
             "baseline": execute(LIST), "carmy": execute(LIST), "carmy 0.6": execute(LIST),
@@ -125,6 +167,7 @@ SERVERS = {
     "carmy": lambda: [str(TARGET / "release" / "shop")],
     "carmy 0.6": lambda: [str(PEERS_TARGET / "release" / "carmy06")],
     "rmcp": lambda: [str(PEERS_TARGET / "release" / "rmcp_shop")],
+    "rmcp, sessions": lambda: [str(PEERS_TARGET / "release" / "rmcp_shop"), "--sessions"],
     **{f"carmy, {store}": lambda: [str(TARGET / "release" / "shop")] for store in STORES},
     "carmy, metrics off": lambda: [str(TARGET / "release" / "shop")],
 }
@@ -265,6 +308,8 @@ def measure(args):
                 try:
                     if EXECUTION in path:
                         path = path.replace(EXECUTION, started_execution())
+                    if MCP_SESSION in headers:
+                        headers = headers.replace(MCP_SESSION, opened_mcp_session(PORT))
                     wrk(method, path, body, headers, 1)  # warm-up
                     cpu_before = server.cpu_seconds()
                     result = wrk(method, path, body, headers, args.seconds)
