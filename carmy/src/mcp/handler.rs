@@ -14,6 +14,8 @@ use rmcp::model::{
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
@@ -374,21 +376,22 @@ fn request_id(meta: &Map<String, Value>) -> Result<Option<String>, ToolError> {
 /// The carmy/1 execution body as an MCP answer: `data` as structured content and text,
 /// `error` as an `isError` result, an unknown tool as a protocol error (as MCP asks).
 fn answer(outcome: &Outcome, structured: bool) -> Result<CallToolResponse, ErrorData> {
-    let Ok(Value::Object(mut body)) = serde_json::from_slice(&outcome.response.body) else {
-        return Err(ErrorData::internal_error("unreadable execution body", None));
-    };
-    let mut meta = Map::new();
-    for (field, key) in [
-        ("execution_id", "dev.carmy/execution_id"),
-        ("status", "dev.carmy/status"),
-        ("_agent", "dev.carmy/agent"),
+    let unreadable = || ErrorData::internal_error("unreadable execution body", None);
+    let body: ExecutionBody<'_> =
+        serde_json::from_slice(&outcome.response.body).map_err(|_| unreadable())?;
+    // Sized once: the three below, `replayed` and, on a failure, the error.
+    let mut meta = Map::with_capacity(5);
+    for (key, value) in [
+        ("dev.carmy/execution_id", body.execution_id),
+        ("dev.carmy/status", body.status),
+        ("dev.carmy/agent", body.agent),
     ] {
-        if let Some(value) = body.remove(field) {
+        if let Some(value) = value {
             meta.insert(key.to_owned(), value);
         }
     }
     meta.insert("dev.carmy/replayed".to_owned(), outcome.replayed.into());
-    if let Some(error) = body.remove("error") {
+    if let Some(error) = body.error {
         if outcome.response.code.as_deref() == Some(codes::TOOL_NOT_FOUND) {
             let message = error["message"]
                 .as_str()
@@ -398,13 +401,28 @@ fn answer(outcome: &Outcome, structured: bool) -> Result<CallToolResponse, Error
         }
         return Ok(failure(&error, meta).into());
     }
-    let data = body.remove("data").unwrap_or(Value::Null);
-    let mut result = CallToolResult::success(vec![ContentBlock::text(data.to_string())]);
+    // The text is the output as the tool's serializer wrote it into the body.
+    let data = body.data.map_or("null", RawValue::get);
+    let mut result = CallToolResult::success(vec![ContentBlock::text(data)]);
     if structured {
-        result.structured_content = Some(data);
+        result.structured_content = Some(serde_json::from_str(data).map_err(|_| unreadable())?);
     }
     result.meta = Some(MetaObject(meta));
     Ok(result.into())
+}
+
+/// The fields of a carmy/1 execution body (`protocol.md` §4) that its MCP answer carries,
+/// read straight from the body rather than through a map of the whole; `data` is kept as
+/// written.
+#[derive(Deserialize)]
+struct ExecutionBody<'a> {
+    execution_id: Option<Value>,
+    status: Option<Value>,
+    #[serde(rename = "_agent")]
+    agent: Option<Value>,
+    #[serde(borrow)]
+    data: Option<&'a RawValue>,
+    error: Option<Value>,
 }
 
 /// An `isError` result: the carmy error as text and under `_meta`, never as structured content.

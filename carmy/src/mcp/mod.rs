@@ -9,6 +9,7 @@
 mod handler;
 pub(crate) mod tools;
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,6 @@ use axum::http::HeaderValue;
 use axum::http::header::{
     CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, RETRY_AFTER, WWW_AUTHENTICATE,
 };
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use rmcp::ServiceExt;
@@ -27,7 +27,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tower::Layer;
+use tower::{Layer, service_fn};
 
 use crate::error::Error;
 use crate::http::GateLayer;
@@ -68,14 +68,22 @@ pub(crate) fn router(
         .with_json_response(true)
         .with_sse_keep_alive(Some(keep_alive))
         .with_cancellation_token(shutdown);
-    let service = StreamableHttpService::new(
+    let service: Arc<Sdk> = Arc::new(StreamableHttpService::new(
         move || Ok(handler.clone()),
         Arc::new(LocalSessionManager::default()),
         config,
-    );
-    let admitted = middleware::from_fn(admit).layer(service);
+    ));
+    // A plain function rather than `from_fn` middleware, which boxes the service it wraps and
+    // clones it (and the SDK's `Service::call` clones it again) on every request.
+    let admitted = service_fn(move |request| {
+        let service = Arc::clone(&service);
+        async move { Ok::<_, Infallible>(admit(request, &service).await) }
+    });
     Router::new().route_service(paths::MCP, gate.layer(admitted))
 }
+
+/// The SDK's Streamable HTTP service, serving [`McpHandler`].
+type Sdk = StreamableHttpService<McpHandler, LocalSessionManager>;
 
 /// Serves MCP on stdin and stdout until the client closes stdin. Logs belong on stderr.
 pub(crate) async fn serve_stdio(handler: McpHandler) -> Result<(), Error> {
@@ -90,9 +98,9 @@ pub(crate) async fn serve_stdio(handler: McpHandler) -> Result<(), Error> {
     Ok(())
 }
 
-/// Refuses foreign browser origins (`403`); the protection gate in front has already attached
-/// the caller and the configuration snapshot.
-async fn admit(request: Request, next: Next) -> Response {
+/// Refuses foreign browser origins (`403`), then hands the request to the SDK; the protection
+/// gate in front has already attached the caller and the configuration snapshot.
+async fn admit(request: Request, service: &Sdk) -> Response {
     let allowed: &[String] = request
         .extensions()
         .get::<Admitted>()
@@ -107,7 +115,9 @@ async fn admit(request: Request, next: Next) -> Response {
         .recoverable(false);
         return refusal(&error);
     }
-    json_refusal(next.run(request).await).await
+    // Boxed: the SDK's future is kilobytes, which the gate's future would carry and move.
+    let answered = Box::pin(service.handle(request)).await;
+    json_refusal(answered.map(Body::new)).await
 }
 
 /// The SDK refuses some requests (wrong method, `Accept` or `Content-Type`) in plain text:
