@@ -395,6 +395,142 @@ async fn tools_call_answers_structured_content_or_the_carmy_error() {
     assert_eq!(error["data"]["code"], "TOOL_NOT_FOUND");
 }
 
+/// `request` answered as it is and again with a weighted `Accept` value, which the direct
+/// stateless path leaves to the SDK: status, type and body, execution ids masked.
+async fn directly_and_by_the_sdk(
+    router: &axum::Router,
+    make: impl Fn() -> Request<Body>,
+) -> [(StatusCode, Option<String>, String); 2] {
+    let mut by_sdk = make();
+    by_sdk.headers_mut().append(
+        "accept",
+        axum::http::HeaderValue::from_static("application/json;q=1"),
+    );
+    let mut answers = Vec::new();
+    for request in [make(), by_sdk] {
+        let answer = send(router, request).await;
+        let content_type = answer.header("content-type").map(str::to_owned);
+        let body = mask_execution_ids(&String::from_utf8_lossy(&answer.body));
+        answers.push((answer.status, content_type, body));
+    }
+    answers.try_into().expect("two answers")
+}
+
+/// `exec_…` ids replaced by `exec_*`: they differ from one execution to the next.
+fn mask_execution_ids(text: &str) -> String {
+    let mut masked = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("exec_") {
+        masked.push_str(&rest[..at]);
+        masked.push_str("exec_*");
+        rest = rest[at + "exec_".len()..]
+            .trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    }
+    masked.push_str(rest);
+    masked
+}
+
+/// A plain stateless `tools/call` is answered without the SDK's machinery: the answer must be
+/// the SDK's to the byte, for results, tool errors, refusals, replays and protocol errors.
+#[tokio::test]
+async fn a_direct_answer_is_the_sdks_to_the_byte() {
+    let probe = Probe::default();
+    let router = router(&probe);
+    let key = json!({ "dev.carmy/request_id": "both-ways" });
+    let cases = [
+        ("echo", json!({ "text": "a" }), json!({})),
+        ("refuse", json!({}), json!({})),
+        ("picky", json!({ "word": 5 }), json!({})),
+        ("wipe", json!({}), json!({})),
+        ("no_such_tool", json!({}), json!({})),
+        (
+            "echo",
+            json!({ "text": "a" }),
+            json!({ "dev.carmy/request_id": 5 }),
+        ),
+        // The first call runs, the second (through the SDK) replays it.
+        ("count", json!({ "text": "a" }), key.clone()),
+        (
+            "echo",
+            json!({ "text": "a" }),
+            json!({ "traceparent": "not a trace" }),
+        ),
+    ];
+    for (id, (tool, arguments, meta)) in (1..).zip(cases) {
+        let [direct, sdk] =
+            directly_and_by_the_sdk(&router, || call(id, tool, arguments.clone(), meta.clone()))
+                .await;
+        if tool == "count" {
+            // The replay differs from the first answer in `replayed` only.
+            let first = direct.2.replace(
+                "\"dev.carmy/replayed\":false",
+                "\"dev.carmy/replayed\":true",
+            );
+            assert_eq!((direct.0, &direct.1, first), (sdk.0, &sdk.1, sdk.2.clone()));
+            assert!(
+                direct.2.contains("\"dev.carmy/replayed\":false"),
+                "{}",
+                direct.2
+            );
+            continue;
+        }
+        assert_eq!(direct, sdk, "{tool} {arguments} {meta}");
+    }
+    assert_eq!(probe.runs(), 1 + 2, "refuse twice, count once");
+}
+
+/// Over a socket: a body of unknown length (chunked) or beyond the SDK's limit is left to the
+/// SDK, and a body cut short by the client gets a JSON-RPC error, not plain text.
+#[tokio::test]
+async fn calls_with_chunked_excessive_or_short_bodies() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let probe = Probe::default();
+    let server = Server::start(router(&probe)).await;
+
+    let (parts, body) = call(1, "echo", json!({ "text": "a" }), json!({})).into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    let chunked = Body::from_stream(futures_util::stream::iter([Ok::<_, std::io::Error>(
+        body.clone(),
+    )]));
+    let answer = server.send(Request::from_parts(parts, chunked)).await;
+    assert_eq!(result(&answer)["structuredContent"], json!({ "text": "a" }));
+
+    let big = "x".repeat(5 * 1024 * 1024);
+    let answer = server
+        .send(call(2, "echo", json!({ "text": big }), json!({})))
+        .await;
+    let error = rpc_error(&answer, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        error["message"],
+        "Payload Too Large: request body exceeds 4194304 bytes"
+    );
+
+    // Half the body, then the client stops sending.
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-protocol-version: {MODERN}\r\n\
+         mcp-method: tools/call\r\nmcp-name: echo\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut socket = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    socket.write_all(head.as_bytes()).await.unwrap();
+    socket.write_all(&body[..body.len() / 2]).await.unwrap();
+    socket.shutdown().await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), socket.read_to_string(&mut answer))
+        .await
+        .expect("answered within 5 s")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 500"), "{answer}");
+    assert!(
+        answer.contains("content-type: application/json"),
+        "{answer}"
+    );
+    assert!(answer.contains("\"code\":-32600"), "{answer}");
+    assert_eq!(probe.runs(), 0);
+}
+
 #[tokio::test]
 async fn the_request_id_in_meta_is_the_idempotency_key() {
     let probe = Probe::default();

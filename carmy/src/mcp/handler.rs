@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use axum::http::Extensions;
 use axum::http::request::Parts;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
@@ -17,6 +18,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::tools::{self, LIST_TTL_MS};
@@ -96,15 +98,48 @@ impl McpHandler {
     /// or the local principal and the configuration in force.
     fn caller(&self, context: &RequestContext<RoleServer>) -> (Principal, Arc<Settings>) {
         match context.extensions.get::<Parts>() {
-            Some(parts) => (
-                Admitted::caller_or_anonymous(&parts.extensions),
-                Settings::of(&parts.extensions, &self.shared.current),
-            ),
+            Some(parts) => self.caller_of(&parts.extensions),
             None => (
                 self.shared.local_principal.clone(),
                 self.shared.current.load_full(),
             ),
         }
+    }
+
+    /// The caller and the configuration snapshot the HTTP gate attached to a request.
+    fn caller_of(&self, extensions: &Extensions) -> (Principal, Arc<Settings>) {
+        (
+            Admitted::caller_or_anonymous(extensions),
+            Settings::of(extensions, &self.shared.current),
+        )
+    }
+
+    /// `tools/call` of a stateless request that the SDK would hand to
+    /// [`ServerHandler::call_tool`] unchanged, without a progress token or the tasks extension
+    /// ([`super::direct`]): the same answer, without the SDK's context. Dropping the future
+    /// (the client went away) cancels the execution, as the SDK's token does.
+    pub(super) async fn call_directly(
+        &self,
+        name: String,
+        arguments: Map<String, Value>,
+        meta: &Map<String, Value>,
+        extensions: &Extensions,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let span = call_span(meta, &name);
+        async {
+            let (principal, settings) = self.caller_of(extensions);
+            let (call, structured) = match prepare(name, arguments, meta, principal, &settings) {
+                Ok(prepared) => prepared,
+                Err(error) => return Ok(refused(&error)),
+            };
+            let cancel = CancellationToken::new();
+            let client_gone = cancel.clone().drop_guard();
+            let outcome = self.shared.runtime.execute(call, cancel, None).await;
+            client_gone.disarm();
+            answer(&outcome, structured)
+        }
+        .instrument(span)
+        .await
     }
 }
 
@@ -130,20 +165,13 @@ impl ServerHandler for McpHandler {
         )
     }
 
-    /// Each call is a `tools/call {tool}` span, in the caller's trace when its `_meta` carries
-    /// a W3C `traceparent`.
+    /// Each call is a `tools/call {tool}` span ([`call_span`]).
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let parent = context
-            .meta
-            .0
-            .get(TRACEPARENT_META_KEY)
-            .and_then(Value::as_str)
-            .and_then(TraceParent::parse);
-        let span = telemetry::mcp_span("tools/call", &request.name, parent.as_ref());
+        let span = call_span(&context.meta.0, &request.name);
         self.call(request, context).instrument(span).await
     }
 
@@ -184,27 +212,17 @@ impl McpHandler {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let request_id = match request_id(&context.meta.0) {
-            Ok(request_id) => request_id,
-            Err(error) => {
-                let meta = Map::from_iter([("dev.carmy/replayed".to_owned(), false.into())]);
-                return Ok(failure(&json!(error), meta).into());
-            }
-        };
         let (principal, settings) = self.caller(&context);
-        let call = Call {
-            catalog: Arc::clone(&settings.catalog),
-            tool: request.name.into_owned(),
-            arguments: Value::Object(request.arguments.unwrap_or_default()),
-            request_id,
+        let (call, structured) = match prepare(
+            request.name.into_owned(),
+            request.arguments.unwrap_or_default(),
+            &context.meta.0,
             principal,
-            // MCP is spoken by agents' hosts only.
-            requester: Requester::Agent,
+            &settings,
+        ) {
+            Ok(prepared) => prepared,
+            Err(error) => return Ok(refused(&error)),
         };
-        let structured = settings
-            .catalog
-            .get_visible(&call.tool, call.principal.trust())
-            .is_some_and(tools::has_structured_output);
         // The SDK fires this token on `notifications/cancelled`, on a closed response stream
         // (2026-07-28) and when the session ends.
         let cancel = context.ct.clone();
@@ -298,6 +316,42 @@ impl McpHandler {
         let payload = TaskPayload::Completed { result };
         Ok(DetailedTask::new(task, payload))
     }
+}
+
+/// The `tools/call {tool}` span of a call, in the caller's trace when its `_meta` carries a
+/// W3C `traceparent`.
+fn call_span(meta: &Map<String, Value>, tool: &str) -> tracing::Span {
+    let parent = meta
+        .get(TRACEPARENT_META_KEY)
+        .and_then(Value::as_str)
+        .and_then(TraceParent::parse);
+    telemetry::mcp_span("tools/call", tool, parent.as_ref())
+}
+
+/// The runtime's call for a `tools/call`, and whether its tool answers with structured content;
+/// or, for a malformed idempotency key, the error.
+fn prepare(
+    tool: String,
+    arguments: Map<String, Value>,
+    meta: &Map<String, Value>,
+    principal: Principal,
+    settings: &Settings,
+) -> Result<(Call, bool), ToolError> {
+    let request_id = request_id(meta)?;
+    let structured = settings
+        .catalog
+        .get_visible(&tool, principal.trust())
+        .is_some_and(tools::has_structured_output);
+    let call = Call {
+        catalog: Arc::clone(&settings.catalog),
+        tool,
+        arguments: Value::Object(arguments),
+        request_id,
+        principal,
+        // MCP is spoken by agents' hosts only.
+        requester: Requester::Agent,
+    };
+    Ok((call, structured))
 }
 
 fn no_such_task() -> ErrorData {
@@ -423,6 +477,12 @@ struct ExecutionBody<'a> {
     #[serde(borrow)]
     data: Option<&'a RawValue>,
     error: Option<Value>,
+}
+
+/// The `isError` result of a call refused before it ran.
+fn refused(error: &ToolError) -> CallToolResponse {
+    let meta = Map::from_iter([("dev.carmy/replayed".to_owned(), false.into())]);
+    failure(&json!(error), meta).into()
 }
 
 /// An `isError` result: the carmy error as text and under `_meta`, never as structured content.

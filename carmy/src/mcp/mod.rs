@@ -3,9 +3,12 @@
 //! hosts.
 //!
 //! The official SDK (`rmcp`) speaks the wire; [`handler`] maps MCP requests onto the runtime.
+//! A plain stateless `tools/call`, the bulk of the traffic, is answered by [`direct`] with the
+//! SDK's types but without its per-request machinery.
 //! In front of the SDK, the gate below checks the `Origin` and decides who is calling, on the
 //! server side, exactly as for `POST /agent/execute`.
 
+mod direct;
 mod handler;
 pub(crate) mod tools;
 
@@ -68,22 +71,35 @@ pub(crate) fn router(
         .with_json_response(true)
         .with_sse_keep_alive(Some(keep_alive))
         .with_cancellation_token(shutdown);
-    let service: Arc<Sdk> = Arc::new(StreamableHttpService::new(
-        move || Ok(handler.clone()),
+    let max_body = config.max_request_body_bytes;
+    let sdk_handler = handler.clone();
+    let sdk = StreamableHttpService::new(
+        move || Ok(sdk_handler.clone()),
         Arc::new(LocalSessionManager::default()),
         config,
-    ));
+    );
+    let endpoint = Arc::new(Endpoint {
+        sdk,
+        handler,
+        max_body,
+    });
     // A plain function rather than `from_fn` middleware, which boxes the service it wraps and
     // clones it (and the SDK's `Service::call` clones it again) on every request.
     let admitted = service_fn(move |request| {
-        let service = Arc::clone(&service);
-        async move { Ok::<_, Infallible>(admit(request, &service).await) }
+        let endpoint = Arc::clone(&endpoint);
+        async move { Ok::<_, Infallible>(admit(request, &endpoint).await) }
     });
     Router::new().route_service(paths::MCP, gate.layer(admitted))
 }
 
-/// The SDK's Streamable HTTP service, serving [`McpHandler`].
-type Sdk = StreamableHttpService<McpHandler, LocalSessionManager>;
+/// What serves `/mcp`: the SDK, and the handler for the calls answered directly.
+struct Endpoint {
+    /// The SDK's Streamable HTTP service, serving [`McpHandler`].
+    sdk: StreamableHttpService<McpHandler, LocalSessionManager>,
+    handler: McpHandler,
+    /// The SDK's limit on a request body.
+    max_body: usize,
+}
 
 /// Serves MCP on stdin and stdout until the client closes stdin. Logs belong on stderr.
 pub(crate) async fn serve_stdio(handler: McpHandler) -> Result<(), Error> {
@@ -98,9 +114,10 @@ pub(crate) async fn serve_stdio(handler: McpHandler) -> Result<(), Error> {
     Ok(())
 }
 
-/// Refuses foreign browser origins (`403`), then hands the request to the SDK; the protection
-/// gate in front has already attached the caller and the configuration snapshot.
-async fn admit(request: Request, service: &Sdk) -> Response {
+/// Refuses foreign browser origins (`403`), then answers a plain stateless `tools/call`
+/// directly and hands any other request to the SDK; the protection gate in front has already
+/// attached the caller and the configuration snapshot.
+async fn admit(request: Request, endpoint: &Endpoint) -> Response {
     let allowed: &[String] = request
         .extensions()
         .get::<Admitted>()
@@ -115,9 +132,18 @@ async fn admit(request: Request, service: &Sdk) -> Response {
         .recoverable(false);
         return refusal(&error);
     }
-    // Boxed: the SDK's future is kilobytes, which the gate's future would carry and move.
-    let answered = Box::pin(service.handle(request)).await;
-    json_refusal(answered.map(Body::new)).await
+    // Boxed: both futures are kilobytes, which the gate's future would carry and move.
+    let answered = match Box::pin(direct::answer(
+        request,
+        &endpoint.handler,
+        endpoint.max_body,
+    ))
+    .await
+    {
+        Ok(answered) => answered,
+        Err(declined) => Box::pin(endpoint.sdk.handle(declined)).await.map(Body::new),
+    };
+    json_refusal(answered).await
 }
 
 /// The SDK refuses some requests (wrong method, `Accept` or `Content-Type`) in plain text:
