@@ -531,6 +531,45 @@ async fn calls_with_chunked_excessive_or_short_bodies() {
     assert_eq!(probe.runs(), 0);
 }
 
+/// Over sockets, the agent's question: sixty-four direct calls at once with one key, as an
+/// agent retrying after timeouts sends them, run the tool once and all get its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_direct_calls_with_one_key_run_once() {
+    let probe = Probe::default();
+    let server = std::sync::Arc::new(Server::start(router(&probe)).await);
+    let key = json!({ "dev.carmy/request_id": "mcp-stampede" });
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(64));
+    let calls: Vec<_> = (0..64)
+        .map(|id| {
+            let (server, barrier, key) = (server.clone(), barrier.clone(), key.clone());
+            tokio::spawn(async move {
+                let request = call(id, "slow_write", json!({ "millis": 100 }), key);
+                barrier.wait().await;
+                result(&server.send(request).await)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    assert_eq!(probe.runs(), 1, "exactly one execution");
+    let first = &answers[0];
+    assert_eq!(first["isError"], false, "{first}");
+    for answer in &answers {
+        assert_eq!(answer["structuredContent"], first["structuredContent"]);
+        assert_eq!(
+            answer["_meta"]["dev.carmy/execution_id"],
+            first["_meta"]["dev.carmy/execution_id"]
+        );
+    }
+    let replayed = answers
+        .iter()
+        .filter(|answer| answer["_meta"]["dev.carmy/replayed"] == true)
+        .count();
+    assert_eq!(replayed, 63);
+}
+
 #[tokio::test]
 async fn the_request_id_in_meta_is_the_idempotency_key() {
     let probe = Probe::default();
