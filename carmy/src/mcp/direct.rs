@@ -119,9 +119,9 @@ struct ToolsCallParams {
 }
 
 /// Whether the headers are those of a stateless 2026-07-28 `tools/call` that the SDK accepts
-/// as they are: a POST of JSON, accepting JSON and events
-/// (plain media types, no parameters), from a valid `Host`, naming the version and the method
-/// once each, with no session and no `Mcp-Param-*` header.
+/// as they are: a POST of JSON, accepting JSON and events (plain media types, no parameters),
+/// from a valid `Host`, naming the version and the method once each, with no session and no
+/// `Mcp-Param-*` header.
 fn headers_qualify(method: &Method, headers: &HeaderMap) -> bool {
     *method == Method::POST
         && single(headers, &PROTOCOL_VERSION) == Some(ProtocolVersion::V_2026_07_28.as_str())
