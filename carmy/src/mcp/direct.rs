@@ -37,23 +37,22 @@ static SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 /// The prefix of the `Mcp-Param-*` headers, lower case as header names are.
 const PARAM_PREFIX: &str = "mcp-param-";
 
-/// Answers `request` if it is a stateless `tools/call` the SDK would dispatch unchanged;
-/// otherwise gives it back, body included, for the SDK. `max_body` is the SDK's limit: a
-/// larger body is the SDK's to refuse.
-pub(super) async fn answer(
-    request: Request,
-    handler: &McpHandler,
-    max_body: usize,
-) -> Result<Response, Request> {
-    // A body of unknown length (chunked) may be too large: the SDK refuses that.
-    let bounded = request
+/// Whether `request` may be answered here, by what is known before reading its body: its
+/// headers, and a body of known length within `max_body`, the SDK's limit (a chunked one may
+/// be too large, which the SDK refuses). Checked before anything is allocated for the direct
+/// path, so that what goes to the SDK pays next to nothing for it.
+pub(super) fn may_answer(request: &Request, max_body: usize) -> bool {
+    request
         .body()
         .size_hint()
         .upper()
-        .is_some_and(|length| length <= max_body as u64);
-    if !bounded || !headers_qualify(request.method(), request.headers()) {
-        return Err(request);
-    }
+        .is_some_and(|length| length <= max_body as u64)
+        && headers_qualify(request.method(), request.headers())
+}
+
+/// Answers `request`, which [`may_answer`], if its body is a stateless `tools/call` the SDK
+/// would dispatch unchanged; otherwise gives it back, body included, for the SDK.
+pub(super) async fn answer(request: Request, handler: &McpHandler) -> Result<Response, Request> {
     let (parts, body) = request.into_parts();
     let bytes = match body.collect().await {
         Ok(collected) => collected.to_bytes(),

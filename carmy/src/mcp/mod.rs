@@ -133,17 +133,16 @@ async fn admit(request: Request, endpoint: &Endpoint) -> Response {
         return refusal(&error);
     }
     // Boxed: both futures are kilobytes, which the gate's future would carry and move.
-    let answered = match Box::pin(direct::answer(
-        request,
-        &endpoint.handler,
-        endpoint.max_body,
-    ))
-    .await
-    {
-        Ok(answered) => answered,
-        Err(declined) => Box::pin(endpoint.sdk.handle(declined)).await.map(Body::new),
+    let request = if direct::may_answer(&request, endpoint.max_body) {
+        match Box::pin(direct::answer(request, &endpoint.handler)).await {
+            Ok(answered) => return json_refusal(answered).await,
+            Err(declined) => declined,
+        }
+    } else {
+        request
     };
-    json_refusal(answered).await
+    let answered = Box::pin(endpoint.sdk.handle(request)).await;
+    json_refusal(answered.map(Body::new)).await
 }
 
 /// The SDK refuses some requests (wrong method, `Accept` or `Content-Type`) in plain text:
