@@ -748,44 +748,6 @@ async fn every_reference_resolves_inside_the_document_recursive_types_included()
     );
 }
 
-/// The example as shipped (`CARMY_SHOP_BIN`, with its `carmy.toml`) on a loopback port; killed
-/// when dropped.
-struct ShippedShop {
-    child: std::process::Child,
-    addr: std::net::SocketAddr,
-}
-
-impl ShippedShop {
-    async fn start(program: &std::path::Path) -> Self {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .unwrap();
-        let child = std::process::Command::new(program)
-            .env("CARMY_ADDR", addr.to_string())
-            .env("RUST_LOG", "warn")
-            .env_remove("CARMY_IDEMPOTENCY_URL")
-            .env_remove("CARMY_CONFIG")
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|error| panic!("{program:?} cannot start: {error}"));
-        let shop = ShippedShop { child, addr };
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                return shop;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        panic!("the shop did not listen on {addr} within 10 s");
-    }
-}
-
-impl Drop for ShippedShop {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Runs one of the OpenAPI tools to its end; fails the test with its output unless it succeeds.
 async fn run_tool(program: std::path::PathBuf, args: Vec<String>, dir: &std::path::Path) {
     let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
@@ -809,7 +771,7 @@ async fn the_example_as_shipped_validates_and_survives_schemathesis() {
         return;
     };
     let bin = std::path::Path::new(&venv).join("bin");
-    let shop = ShippedShop::start(shop.as_ref()).await;
+    let shop = carmy_tests::ShippedShop::start(shop.as_ref(), &[]).await;
     let dir = carmy_tests::TempDir::new("openapi-tools");
     let url = format!("http://{}/agent/openapi.json", shop.addr);
     // Internal: every tool, no rate limit. Known: confirmation refused. Anonymous: the shipped

@@ -1557,3 +1557,93 @@ async fn every_attempt_is_checked_against_the_networks_in_force() {
     );
     receiver.nothing_for(Duration::from_secs(1)).await;
 }
+
+/// A system without root certificates (a `scratch` image) still serves: the example as shipped
+/// (`CARMY_SHOP_BIN`) starts with `SSL_CERT_FILE` and `SSL_CERT_DIR` naming nothing (where the
+/// platform's roots are then read from), takes a subscription, and its attempts fail, logged
+/// with the reason, with nothing sent. The roots are read at the first attempt, not at start.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_root_certificates_the_example_starts_and_its_attempts_say_why() {
+    let Some(program) = server_url("CARMY_SHOP_BIN") else {
+        return;
+    };
+    let dir = TempDir::new("no-root-certificates");
+    let (no_file, no_dir) = (dir.0.join("none.pem"), dir.0.join("none"));
+    let shop = carmy_tests::ShippedShop::start(
+        program.as_ref(),
+        &[
+            ("SSL_CERT_FILE", no_file.as_os_str()),
+            ("SSL_CERT_DIR", no_dir.as_os_str()),
+            ("CARMY_EVENTS_ALLOW_HTTP", "true".as_ref()),
+            ("CARMY_EVENTS_ALLOW_NETWORKS", "127.0.0.0/8".as_ref()),
+        ],
+    )
+    .await;
+    let internal = "Bearer shop-internal-demo-token";
+    let to_shop = async |method: &str, path: &str, body: Option<Value>| {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", shop.addr.to_string())
+            .header("authorization", internal)
+            .header("content-type", "application/json");
+        let body = body.map_or_else(Body::empty, |body| Body::from(body.to_string()));
+        carmy_tests::send_to(shop.addr, request.body(body).unwrap()).await
+    };
+    let live = to_shop("GET", "/agent/health/live", None).await;
+    assert_eq!(
+        live.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&live.body)
+    );
+
+    let mut receiver = Receiver::ok().await;
+    let created = to_shop(
+        "POST",
+        SUBSCRIPTIONS,
+        Some(json!({ "url": receiver.url, "event_types": ["execution.finished"] })),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    let deliveries = format!("{SUBSCRIPTIONS}/{}/deliveries", id(&created.json()));
+    let placed = to_shop(
+        "POST",
+        "/agent/execute",
+        Some(json!({
+            "tool": "create_order",
+            "arguments": { "sku": "KB-01" },
+            "request_id": "no-roots-1",
+        })),
+    )
+    .await;
+    assert_eq!(
+        placed.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&placed.body)
+    );
+
+    let mut logged = Vec::new();
+    eventually("a failed attempt", async || {
+        logged = to_shop("GET", &deliveries, None).await.json()["deliveries"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        !logged.is_empty()
+    })
+    .await;
+    let attempt = &logged[0];
+    assert!(attempt["status_code"].is_null(), "{attempt}");
+    let error = attempt["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("webhook delivery cannot start: no root certificates found"),
+        "{attempt}"
+    );
+    receiver.nothing_for(Duration::from_secs(1)).await;
+}

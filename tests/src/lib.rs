@@ -279,6 +279,46 @@ pub fn server_url(var: &str) -> Option<String> {
     }
 }
 
+/// The example as shipped (`CARMY_SHOP_BIN`, with its `carmy.toml`) on a loopback port, with
+/// `envs` set besides; killed when dropped.
+#[derive(Debug)]
+pub struct ShippedShop {
+    child: std::process::Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl ShippedShop {
+    pub async fn start(program: &std::path::Path, envs: &[(&str, &std::ffi::OsStr)]) -> Self {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .unwrap();
+        let child = std::process::Command::new(program)
+            .env("CARMY_ADDR", addr.to_string())
+            .env("RUST_LOG", "warn")
+            .env_remove("CARMY_IDEMPOTENCY_URL")
+            .env_remove("CARMY_CONFIG")
+            .envs(envs.iter().copied())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|error| panic!("{program:?} cannot start: {error}"));
+        let shop = ShippedShop { child, addr };
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return shop;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("the shop did not listen on {addr} within 10 s");
+    }
+}
+
+impl Drop for ShippedShop {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A name unique to this test run, so reruns and parallel tests never share records.
 pub fn run_id() -> &'static str {
     static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();

@@ -2,7 +2,7 @@
 
 use std::error::Error as _;
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
@@ -46,38 +46,33 @@ impl Default for DeliveryPolicy {
 /// lookup if any address is refused, and hands the checked addresses to the connector, so the
 /// connection goes to a checked address with no second lookup (DNS rebinding). IP-literal
 /// hosts go through no resolver: they are checked before sending.
+///
+/// The client, and with it the platform's root certificates, is made at the first attempt: a
+/// process that never sends a webhook never reads them (milliseconds of start-up and the pages
+/// of the code that parses them), and a system without any (a `scratch` image) still starts;
+/// its attempts then fail, saying why.
 #[derive(Debug, Clone)]
 pub struct Deliverer {
-    client: Client,
+    /// The client, or why it could not be made; shared by the clones.
+    client: Arc<OnceLock<Result<Client, String>>>,
     policy: Arc<DeliveryPolicy>,
 }
 
-/// Why no [`Deliverer`] could be built (no root certificates on this system, most likely).
-#[derive(Debug, thiserror::Error)]
-#[error("webhook delivery cannot start: {0}")]
-pub struct DelivererError(Box<dyn std::error::Error + Send + Sync>);
-
 impl Deliverer {
     /// A deliverer trusting the platform's root certificates.
-    pub fn new(policy: DeliveryPolicy) -> Result<Self, DelivererError> {
-        let tls = rustls::ClientConfig::builder_with_provider(tls::provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|error| DelivererError(error.into()))?
-            .with_root_certificates(
-                tls::native_roots().map_err(|none| DelivererError(none.into()))?,
-            )
-            .with_no_client_auth();
-        let policy = Arc::new(policy);
-        let client = Client::builder()
-            .tls_backend_preconfigured(tls)
-            .dns_resolver(GuardedResolver(Arc::clone(&policy)))
-            .redirect(redirect::Policy::none())
-            .no_proxy()
-            .https_only(!policy.allow_http)
-            .user_agent(USER_AGENT)
-            .build()
-            .map_err(|error| DelivererError(error.into()))?;
-        Ok(Deliverer { client, policy })
+    pub fn new(policy: DeliveryPolicy) -> Self {
+        Deliverer {
+            client: Arc::default(),
+            policy: Arc::new(policy),
+        }
+    }
+
+    /// The HTTP client, made the first time it is needed.
+    fn client(&self) -> Result<&Client, String> {
+        self.client
+            .get_or_init(|| client_for(&self.policy))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// The creation-time check of a subscription URL: scheme, host, resolution, every address.
@@ -136,7 +131,7 @@ impl Deliverer {
         let url = ssrf::check_without_dns(url, self.policy.allow_http, &self.policy.allowed)
             .map_err(|refusal| refusal.to_string())?;
         let timestamp = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
-        self.client
+        self.client()?
             .post(url)
             .header(CONTENT_TYPE, "application/json")
             .header("webhook-id", event_id)
@@ -157,6 +152,27 @@ impl Deliverer {
             humantime::format_duration(self.policy.attempt_timeout)
         )
     }
+}
+
+/// The client of `policy`: rustls trusting the platform's root certificates, the SSRF guard as
+/// its resolver; or why it cannot be made (no root certificates on this system, most likely).
+fn client_for(policy: &Arc<DeliveryPolicy>) -> Result<Client, String> {
+    let cannot = |error: &dyn std::fmt::Display| format!("webhook delivery cannot start: {error}");
+    let roots = tls::native_roots().map_err(|none| cannot(&none))?;
+    let tls = rustls::ClientConfig::builder_with_provider(tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| cannot(&error))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Client::builder()
+        .tls_backend_preconfigured(tls)
+        .dns_resolver(GuardedResolver(Arc::clone(policy)))
+        .redirect(redirect::Policy::none())
+        .no_proxy()
+        .https_only(!policy.allow_http)
+        .user_agent(USER_AGENT)
+        .build()
+        .map_err(|error| cannot(&error))
 }
 
 /// What came of one delivery attempt, as a subscription's delivery log shows it.
@@ -338,7 +354,7 @@ mod tests {
             }),
         );
         let address = serve(router).await;
-        let deliverer = Deliverer::new(loopback_policy()).unwrap();
+        let deliverer = Deliverer::new(loopback_policy());
         let url = format!("http://{address}/hook");
         assert_eq!(deliverer.check_url(&url).await, Ok(()));
 
@@ -390,7 +406,7 @@ mod tests {
                 }),
             );
         let address = serve(router).await;
-        let deliverer = Deliverer::new(loopback_policy()).unwrap();
+        let deliverer = Deliverer::new(loopback_policy());
 
         let attempt = attempt(&deliverer, &format!("http://{address}/hook")).await;
 
@@ -409,7 +425,7 @@ mod tests {
     #[tokio::test]
     async fn gone_asks_for_the_subscription_to_be_disabled() {
         let (address, received) = answering(StatusCode::GONE.into_response()).await;
-        let deliverer = Deliverer::new(loopback_policy()).unwrap();
+        let deliverer = Deliverer::new(loopback_policy());
 
         let attempt = attempt(&deliverer, &format!("http://{address}/hook")).await;
 
@@ -420,7 +436,7 @@ mod tests {
 
     #[tokio::test]
     async fn retry_after_is_honoured_on_429_and_503_only() {
-        let deliverer = Deliverer::new(loopback_policy()).unwrap();
+        let deliverer = Deliverer::new(loopback_policy());
         let seven = Some(Duration::from_secs(7));
         for (status, expected) in [
             (StatusCode::TOO_MANY_REQUESTS, seven),
@@ -472,8 +488,7 @@ mod tests {
         let deliverer = Deliverer::new(DeliveryPolicy {
             attempt_timeout: Duration::from_millis(300),
             ..loopback_policy()
-        })
-        .unwrap();
+        });
 
         let attempt = attempt(&deliverer, &format!("http://{address}/hook")).await;
 
@@ -517,8 +532,7 @@ mod tests {
         let deliverer = Deliverer::new(DeliveryPolicy {
             attempt_timeout: Duration::from_secs(600),
             ..loopback_policy()
-        })
-        .unwrap();
+        });
 
         let attempt = tokio::time::timeout(
             Duration::from_secs(60),
@@ -541,8 +555,7 @@ mod tests {
         let deliverer = Deliverer::new(DeliveryPolicy {
             allow_http: true,
             ..DeliveryPolicy::default()
-        })
-        .unwrap();
+        });
         let url = format!("http://127.0.0.1:{port}/hook");
         let refusal = Refusal::NotGlobal {
             address: "127.0.0.1".parse().unwrap(),
@@ -567,8 +580,7 @@ mod tests {
         let deliverer = Deliverer::new(DeliveryPolicy {
             allow_http: false,
             ..loopback_policy()
-        })
-        .unwrap();
+        });
         let url = format!("http://127.0.0.1:{port}/hook");
 
         assert_eq!(deliverer.check_url(&url).await, Err(Refusal::NotHttps));
@@ -588,8 +600,7 @@ mod tests {
         let deliverer = Deliverer::new(DeliveryPolicy {
             allow_http: true,
             ..DeliveryPolicy::default()
-        })
-        .unwrap();
+        });
         let url = format!("http://localhost:{port}/hook");
 
         let refusal = deliverer.check_url(&url).await.unwrap_err();
@@ -623,8 +634,7 @@ mod tests {
         let deliverer = Deliverer::new(DeliveryPolicy {
             allow_http: true,
             ..DeliveryPolicy::default()
-        })
-        .unwrap();
+        });
         for (url, range) in [
             ("http://10.0.0.1:9/hook", "private"),
             ("https://192.168.1.1/hook", "private"),
@@ -647,7 +657,7 @@ mod tests {
     async fn a_closed_port_fails_with_the_connection_error() {
         let (listener, port) = untouched_listener();
         drop(listener);
-        let deliverer = Deliverer::new(loopback_policy()).unwrap();
+        let deliverer = Deliverer::new(loopback_policy());
 
         let attempt = attempt(&deliverer, &format!("http://127.0.0.1:{port}/hook")).await;
 

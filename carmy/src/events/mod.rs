@@ -19,7 +19,7 @@ pub mod ssrf;
 mod worker;
 
 #[cfg(feature = "events")]
-pub use deliver::{Attempt, AttemptOutcome, Deliverer, DelivererError, DeliveryPolicy};
+pub use deliver::{Attempt, AttemptOutcome, Deliverer, DeliveryPolicy};
 pub use secret::{SecretError, SigningSecret};
 #[cfg(feature = "events")]
 pub(crate) use service::{Events, NewSubscription, SubscriptionChange, SubscriptionView};

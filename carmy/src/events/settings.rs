@@ -75,8 +75,7 @@ impl EventSettings {
             allow_http: config.allow_http,
             allowed,
             attempt_timeout: config.attempt_timeout,
-        })
-        .map_err(|error| Error::Config(format!("[events]: {error}")))?;
+        });
         let declared = config
             .subscriptions
             .iter()
