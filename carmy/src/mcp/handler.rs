@@ -166,50 +166,42 @@ impl ServerHandler for McpHandler {
     }
 
     /// Each call is a `tools/call {tool}` span ([`call_span`]).
-    ///
-    /// The futures of the methods that run the pipeline or read the store are boxed: the
-    /// SDK's future for a request is as large as its largest method's, and it moves that
-    /// future several times per request (into the request's task, through its states).
-    fn call_tool(
+    async fn call_tool(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<CallToolResponse, ErrorData>> + '_ {
+    ) -> Result<CallToolResponse, ErrorData> {
         let span = call_span(&context.meta.0, &request.name);
-        Box::pin(self.call(request, context).instrument(span))
+        self.call(request, context).instrument(span).await
     }
 
-    fn get_task(
+    async fn get_task(
         &self,
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<GetTaskResult, ErrorData>> + '_ {
-        Box::pin(async move {
-            Ok(GetTaskResult::new(
-                self.task(&request.task_id, &context).await?,
-            ))
-        })
+    ) -> Result<GetTaskResult, ErrorData> {
+        Ok(GetTaskResult::new(
+            self.task(&request.task_id, &context).await?,
+        ))
     }
 
-    fn cancel_task(
+    async fn cancel_task(
         &self,
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<(), ErrorData>> + '_ {
+    ) -> Result<(), ErrorData> {
         let (principal, _) = self.caller(&context);
-        Box::pin(async move {
-            match self
-                .shared
-                .runtime
-                .executions()
-                .cancel(&principal, &request.task_id)
-                .await
-            {
-                Ok(Cancellation::Requested | Cancellation::Ended) => Ok(()),
-                Ok(Cancellation::NotFound) => Err(no_such_task()),
-                Err(error) => Err(ErrorData::internal_error(error.message().to_owned(), None)),
-            }
-        })
+        match self
+            .shared
+            .runtime
+            .executions()
+            .cancel(&principal, &request.task_id)
+            .await
+        {
+            Ok(Cancellation::Requested | Cancellation::Ended) => Ok(()),
+            Ok(Cancellation::NotFound) => Err(no_such_task()),
+            Err(error) => Err(ErrorData::internal_error(error.message().to_owned(), None)),
+        }
     }
 }
 
