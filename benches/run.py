@@ -129,6 +129,8 @@ def scenarios(etags):
         },
         "execute, replayed request_id": {
             "baseline": execute(CREATE_REPLAY), "carmy": execute(CREATE_REPLAY), "carmy 0.6": execute(CREATE_REPLAY),
+            # every connection retrying the one key: replays must not queue behind each other
+            **{f"carmy, {store}": execute(CREATE_REPLAY) for store in STORES},
         },
         "execute as SSE": {
             "baseline": execute(CREATE, SSE_HEADERS), "carmy": execute(CREATE, SSE_HEADERS),

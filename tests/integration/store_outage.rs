@@ -153,6 +153,48 @@ async fn a_stalled_postgres_is_503_in_time_and_the_call_never_runs() {
     a_stall_is_503_in_time_and_the_call_never_runs(&url).await;
 }
 
+/// A retry whose record another transaction holds locked (a replica's slow commit, an
+/// operator's `SELECT … FOR UPDATE`) is answered from the record without waiting for the lock:
+/// retries of one key never queue behind one another's commits.
+#[tokio::test]
+async fn a_retry_does_not_wait_for_a_lock_on_its_postgres_record() {
+    let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let store = carmy::idempotency::connect_with(&url, quick())
+        .await
+        .expect("the store is reachable");
+    let probe = Probe::default();
+    let router = tools::app(&probe)
+        .idempotency_store(store)
+        .router()
+        .unwrap();
+    let request_id = format!("{}-locked", run_id());
+    let call = json!({ "tool": "count", "arguments": { "text": "a" }, "request_id": request_id });
+    assert_eq!(execute(&router, &call).await.status, StatusCode::OK);
+
+    let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("a connection of the test's own");
+    tokio::spawn(connection);
+    let holder = client.transaction().await.unwrap();
+    let locked = holder
+        .execute(
+            "SELECT 1 FROM carmy_idempotency_records WHERE request_id = $1 FOR UPDATE",
+            &[&request_id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(locked, 1);
+    let replayed = tokio::time::timeout(Duration::from_secs(10), execute(&router, &call))
+        .await
+        .expect("the retry is answered");
+    assert_eq!(replayed.status, StatusCode::OK, "{:?}", replayed.body);
+    assert_eq!(replayed.header("carmy-replayed"), Some("true"));
+    assert_eq!(probe.runs(), 1);
+    holder.rollback().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_stalled_redis_is_503_in_time_and_the_call_never_runs() {
     let Some(url) = server_url("CARMY_TEST_REDIS_URL") else {
