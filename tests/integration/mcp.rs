@@ -479,6 +479,67 @@ async fn a_direct_answer_is_the_sdks_to_the_byte() {
     assert_eq!(probe.runs(), 1 + 2, "refuse twice, count once");
 }
 
+/// A plain `tools/call` of a session is answered as JSON without the session's worker: the
+/// message must be the one the SDK streams, to the byte, for the same cases as above.
+#[tokio::test]
+async fn a_direct_answer_in_a_session_is_the_message_the_sdk_streams() {
+    let probe = Probe::default();
+    let router = router(&probe);
+    let session = handshake(&router).await;
+    let key = json!({ "dev.carmy/request_id": "both-ways-in-a-session" });
+    let cases = [
+        ("echo", json!({ "text": "a" }), json!({})),
+        ("refuse", json!({}), json!({})),
+        ("picky", json!({ "word": 5 }), json!({})),
+        ("wipe", json!({}), json!({})),
+        ("no_such_tool", json!({}), json!({})),
+        (
+            "echo",
+            json!({ "text": "a" }),
+            json!({ "dev.carmy/request_id": 5 }),
+        ),
+        ("count", json!({ "text": "a" }), key),
+        (
+            "echo",
+            json!({ "text": "a" }),
+            json!({ "traceparent": "not a trace" }),
+        ),
+    ];
+    for (id, (tool, arguments, meta)) in (1..).zip(cases) {
+        let body = session_call(id, tool, arguments, meta);
+        let direct = send(&router, post(&body, &session.headers())).await;
+        assert_eq!(direct.status, StatusCode::OK, "{body}");
+        assert_eq!(direct.header("content-type"), Some("application/json"));
+        // A weighted `Accept` value leaves the call to the SDK.
+        let mut by_sdk = post(&body, &session.headers());
+        by_sdk.headers_mut().append(
+            "accept",
+            axum::http::HeaderValue::from_static("application/json;q=1"),
+        );
+        let streamed = send(&router, by_sdk).await;
+        assert_eq!(streamed.status, StatusCode::OK, "{body}");
+        assert_eq!(streamed.header("content-type"), Some("text/event-stream"));
+        let direct = mask_execution_ids(&String::from_utf8_lossy(&direct.body));
+        let streamed = String::from_utf8_lossy(&streamed.body).replace("\r\n", "\n");
+        let message = streamed
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .map(str::trim)
+            .rfind(|data| !data.is_empty())
+            .expect("a message");
+        let mut streamed = mask_execution_ids(message);
+        if tool == "count" {
+            // The SDK replays the call that ran directly.
+            streamed = streamed.replace(
+                "\"dev.carmy/replayed\":true",
+                "\"dev.carmy/replayed\":false",
+            );
+        }
+        assert_eq!(direct, streamed, "{body}");
+    }
+    assert_eq!(probe.runs(), 1 + 2, "refuse twice, count once");
+}
+
 /// Over a socket: a body of unknown length (chunked) or beyond the SDK's limit is left to the
 /// SDK, and a body cut short by the client gets a JSON-RPC error, not plain text.
 #[tokio::test]
@@ -755,11 +816,12 @@ async fn notifications_cancelled_cancels_the_execution_of_a_session() {
     let request = post(&slow, &session.headers());
     let pending = tokio::spawn(async move {
         let response = sender.send_request(request).await.expect("response");
-        response
-            .into_body()
-            .collect()
-            .await
-            .map(|body| body.to_bytes())
+        let content_type = response.headers()["content-type"].clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (
+            content_type,
+            serde_json::from_slice::<Value>(&body).unwrap(),
+        )
     });
     probe.wait_runs(1).await;
     let cancelled = json!({
@@ -771,7 +833,177 @@ async fn notifications_cancelled_cancels_the_execution_of_a_session() {
     tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified())
         .await
         .expect("the tool sees the cancellation within 1 s");
+    // A plain call of a session is answered directly, as JSON: it says it was cancelled
+    // (the client, which cancelled it, ignores the answer).
+    let (content_type, answered) = tokio::time::timeout(Duration::from_secs(2), pending)
+        .await
+        .expect("the call answers")
+        .unwrap();
+    assert_eq!(content_type, "application/json");
+    assert_eq!(answered["id"], 41);
+    assert_eq!(
+        answered["result"]["_meta"]["dev.carmy/error"]["code"], "CANCELLED",
+        "{answered}"
+    );
+}
+
+/// A `tools/call` of a session (2025-11-25): no `_meta` of the stateless generation.
+fn session_call(id: u64, tool: &str, arguments: Value, meta: Value) -> Value {
+    let mut call = json!({
+        "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": { "name": tool }
+    });
+    call["params"]["arguments"] = arguments;
+    call["params"]["_meta"] = meta;
+    call
+}
+
+#[tokio::test]
+async fn a_plain_call_in_a_session_is_answered_as_json_and_the_rest_as_the_sdk_streams() {
+    let router = router(&Probe::default());
+    let session = handshake(&router).await;
+    let echo = |id, meta| session_call(id, "echo", json!({ "text": "a" }), meta);
+
+    let answer = send(&router, post(&echo(1, json!({})), &session.headers())).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.header("content-type"), Some("application/json"));
+    let direct = answer.json();
+    assert_eq!(direct["id"], 1);
+    assert_eq!(
+        direct["result"]["structuredContent"],
+        json!({ "text": "a" })
+    );
+    assert_eq!(direct["result"]["_meta"]["dev.carmy/replayed"], false);
+
+    // What needs the SDK streams its one answer as before: a progress token, a version of the
+    // call's own, a missing version header. The result is the same.
+    let streamed = [
+        (
+            echo(2, json!({ "progressToken": "p" })),
+            session.headers().to_vec(),
+        ),
+        (
+            echo(
+                3,
+                json!({ "io.modelcontextprotocol/protocolVersion": "2025-11-25" }),
+            ),
+            session.headers().to_vec(),
+        ),
+        (
+            echo(4, json!({})),
+            vec![("mcp-session-id", session.id.as_str())],
+        ),
+    ];
+    for (body, headers) in streamed {
+        let answer = send(&router, post(&body, &headers)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{body}");
+        assert_eq!(answer.header("content-type"), Some("text/event-stream"));
+        let reply = sse_reply(&answer.body);
+        assert_eq!(reply["id"], body["id"]);
+        assert_eq!(
+            reply["result"]["structuredContent"],
+            direct["result"]["structuredContent"]
+        );
+    }
+
+    // A client that takes tasks has its calls answered by the SDK, which gives it tasks.
+    let opening = json!({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} } },
+            "clientInfo": { "name": "carmy-tests", "version": "1" }
+        }
+    });
+    let tasks = session_of(&send(&router, post(&opening, &[])).await);
+    let answer = send(&router, post(&echo(5, json!({})), &tasks.headers())).await;
+    assert_eq!(answer.header("content-type"), Some("text/event-stream"));
+    assert_eq!(
+        sse_reply(&answer.body)["result"]["structuredContent"],
+        json!({ "text": "a" })
+    );
+
+    // A session that was never opened is not found, as the SDK says.
+    let unknown = [
+        ("mcp-session-id", "no-such-session"),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    let answer = send(&router, post(&echo(6, json!({})), &unknown)).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    assert_eq!(answer.header("content-type"), Some("application/json"));
+}
+
+#[tokio::test]
+async fn a_call_in_a_session_outlives_its_client_and_ends_with_its_session() {
+    let probe = Probe::default();
+    let server = Server::start(router(&probe)).await;
+    let session = handshake_over(&server).await;
+
+    // The client goes away: the call is not cancelled (MCP asks for notifications/cancelled),
+    // and a retry with its key gets the outcome once it is recorded, not a second run.
+    let key = json!({ "dev.carmy/request_id": "session-gone" });
+    let slow = session_call(1, "slow_write", json!({ "millis": 1500 }), key.clone());
+    let (mut sender, connection) = server.connect().await;
+    let request = post(&slow, &session.headers());
+    let pending = tokio::spawn(async move {
+        let _ = sender.send_request(request).await;
+    });
+    probe.wait_runs(1).await;
     pending.abort();
+    connection.abort();
+    // Within 1 s, well before the tool's 1.5 s end (which ends its token too).
+    let cancelled = tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified());
+    assert!(cancelled.await.is_err(), "the call was cancelled");
+    // The retry waits for the first call, then replays it.
+    let retry = session_call(2, "slow_write", json!({ "millis": 1500 }), key);
+    let answer = server.send(post(&retry, &session.headers())).await;
+    assert_eq!(answer.header("content-type"), Some("application/json"));
+    let retried = answer.json();
+    assert_eq!(
+        retried["result"]["structuredContent"],
+        json!({ "run": 1 }),
+        "{retried}"
+    );
+    assert_eq!(retried["result"]["_meta"]["dev.carmy/replayed"], true);
+    assert_eq!(probe.runs(), 1);
+
+    // Deleting the session cancels the call it runs, which answers so; the session is gone.
+    let other = handshake_over(&server).await;
+    let slow = session_call(3, "slow_write", json!({ "millis": 1500 }), json!({}));
+    let (mut sender, _connection) = server.connect().await;
+    let request = post(&slow, &other.headers());
+    let pending = tokio::spawn(async move {
+        let response = sender.send_request(request).await.expect("response");
+        let content_type = response.headers()["content-type"].clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (
+            content_type,
+            serde_json::from_slice::<Value>(&body).unwrap(),
+        )
+    });
+    probe.wait_runs(2).await;
+    let mut delete = Request::delete("/mcp").header("host", "localhost");
+    for (name, value) in other.headers() {
+        delete = delete.header(name, value);
+    }
+    let answer = server.send(delete.body(Body::empty()).unwrap()).await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED);
+    tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified())
+        .await
+        .expect("the tool sees the cancellation within 1 s");
+    let (content_type, answered) = tokio::time::timeout(Duration::from_secs(2), pending)
+        .await
+        .expect("the call answers")
+        .unwrap();
+    assert_eq!(content_type, "application/json");
+    assert_eq!(answered["id"], 3);
+    assert_eq!(answered["result"]["isError"], true);
+    assert_eq!(
+        answered["result"]["_meta"]["dev.carmy/error"]["code"], "CANCELLED",
+        "{answered}"
+    );
+    let after = session_call(4, "echo", json!({ "text": "a" }), json!({}));
+    let answer = server.send(post(&after, &other.headers())).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
 }
 
 /// A 2025-11-25 session: its id and negotiated version.

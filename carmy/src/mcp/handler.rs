@@ -9,9 +9,10 @@ use axum::http::Extensions;
 use axum::http::request::Parts;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
-    ContentBlock, CreateTaskResult, DetailedTask, GetTaskParams, GetTaskResult, ListToolsResult,
-    MetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion,
-    ServerCapabilities, ServerConfig, Task, TaskPayload, TaskStatus,
+    ContentBlock, CreateTaskResult, DetailedTask, GetTaskParams, GetTaskResult,
+    InitializeRequestParams, InitializeResult, ListToolsResult, MetaObject, PaginatedRequestParams,
+    ProgressNotificationParam, ProgressToken, ProtocolVersion, ServerCapabilities, ServerConfig,
+    Task, TaskPayload, TaskStatus,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -21,6 +22,7 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::sessions::Opening;
 use super::tools::{self, LIST_TTL_MS};
 use crate::context::{Event, EventReceiver, Requester, event_channel};
 use crate::executions::{self, RETRY_AFTER};
@@ -114,16 +116,17 @@ impl McpHandler {
         )
     }
 
-    /// `tools/call` of a stateless request that the SDK would hand to
-    /// [`ServerHandler::call_tool`] unchanged, without a progress token or the tasks extension
-    /// ([`super::direct`]): the same answer, without the SDK's context. Dropping the future
-    /// (the client went away) cancels the execution, as the SDK's token does.
+    /// `tools/call` of a request that the SDK would hand to [`ServerHandler::call_tool`]
+    /// unchanged, without a progress token or the tasks extension ([`super::direct`]): the same
+    /// answer, without the SDK's context. `cancel` stands for the SDK's token; dropping the
+    /// future (a stateless client went away) cancels the execution too.
     pub(super) async fn call_directly(
         &self,
         name: String,
         arguments: Map<String, Value>,
         meta: &Map<String, Value>,
         extensions: &Extensions,
+        cancel: CancellationToken,
     ) -> Result<CallToolResponse, ErrorData> {
         let span = call_span(meta, &name);
         async {
@@ -132,7 +135,6 @@ impl McpHandler {
                 Ok(prepared) => prepared,
                 Err(error) => return Ok(refused(&error)),
             };
-            let cancel = CancellationToken::new();
             let client_gone = cancel.clone().drop_guard();
             let outcome = self.shared.runtime.execute(call, cancel, None).await;
             client_gone.disarm();
@@ -150,6 +152,24 @@ impl ServerHandler for McpHandler {
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
         Cow::Borrowed(SUPPORTED_VERSIONS)
+    }
+
+    /// The SDK's `initialize`, which also tells the request opening a session over HTTP
+    /// whether its client takes tasks ([`Opening`]).
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        if let Some(opening) = context
+            .extensions
+            .get::<Parts>()
+            .and_then(|parts| parts.extensions.get::<Opening>())
+        {
+            opening.record(request.capabilities.supports_tasks());
+        }
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
     }
 
     async fn list_tools(

@@ -3,13 +3,14 @@
 //! hosts.
 //!
 //! The official SDK (`rmcp`) speaks the wire; [`handler`] maps MCP requests onto the runtime.
-//! A plain stateless `tools/call`, the bulk of the traffic, is answered by [`direct`] with the
-//! SDK's types but without its per-request machinery.
+//! A plain `tools/call`, the bulk of the traffic, stateless or in a session, is answered by
+//! [`direct`] with the SDK's types but without its per-request machinery.
 //! In front of the SDK, the gate below checks the `Origin` and decides who is calling, on the
 //! server side, exactly as for `POST /agent/execute`.
 
 mod direct;
 mod handler;
+mod sessions;
 pub(crate) mod tools;
 
 use std::convert::Infallible;
@@ -19,19 +20,22 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::HeaderValue;
 use axum::http::header::{
     CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, RETRY_AFTER, WWW_AUTHENTICATE,
 };
+use axum::http::{HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use rmcp::ServiceExt;
+use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, service_fn};
 
+use self::direct::Route;
+use self::sessions::{Opening, Sessions};
 use crate::error::Error;
 use crate::http::GateLayer;
 use crate::http::error::{retry_after_header, status_of};
@@ -63,6 +67,7 @@ pub(crate) fn router(
     keep_alive: Duration,
     shutdown: CancellationToken,
 ) -> Router {
+    let sessions = Arc::new(Sessions::new(shutdown.clone()));
     let config = StreamableHttpServerConfig::default()
         // The gate checks the Origin, which is what stops DNS rebinding; a Host allowlist
         // would refuse every deployment not on loopback.
@@ -73,13 +78,16 @@ pub(crate) fn router(
         .with_cancellation_token(shutdown);
     let max_body = config.max_request_body_bytes;
     let sdk_handler = handler.clone();
+    let manager = Arc::new(LocalSessionManager::default());
     let sdk = StreamableHttpService::new(
         move || Ok(sdk_handler.clone()),
-        Arc::new(LocalSessionManager::default()),
+        Arc::clone(&manager),
         config,
     );
     let endpoint = Arc::new(Endpoint {
         sdk,
+        manager,
+        sessions,
         handler,
         max_body,
     });
@@ -96,6 +104,10 @@ pub(crate) fn router(
 struct Endpoint {
     /// The SDK's Streamable HTTP service, serving [`McpHandler`].
     sdk: StreamableHttpService<McpHandler, LocalSessionManager>,
+    /// The SDK's sessions, asked whether one still lives before a call is answered in it.
+    manager: Arc<LocalSessionManager>,
+    /// What carmy knows of those sessions.
+    sessions: Arc<Sessions>,
     handler: McpHandler,
     /// The SDK's limit on a request body.
     max_body: usize,
@@ -132,17 +144,72 @@ async fn admit(request: Request, endpoint: &Endpoint) -> Response {
         .recoverable(false);
         return refusal(&error);
     }
-    // Boxed: both futures are kilobytes, which the gate's future would carry and move.
-    let request = if direct::may_answer(&request, endpoint.max_body) {
-        match Box::pin(direct::answer(request, &endpoint.handler)).await {
+    // Boxed: the futures are kilobytes, which the gate's future would carry and move.
+    let request = match direct::route(&request, endpoint.max_body) {
+        Route::Stateless => match Box::pin(direct::answer(request, &endpoint.handler)).await {
             Ok(answered) => return json_refusal(answered).await,
             Err(declined) => declined,
+        },
+        Route::Session => {
+            let answering = direct::answer_in_session(
+                request,
+                &endpoint.handler,
+                &endpoint.sessions,
+                &endpoint.manager,
+            );
+            match Box::pin(answering).await {
+                Ok(answered) => return json_refusal(answered).await,
+                Err(declined) => declined,
+            }
         }
-    } else {
-        request
+        Route::Sdk => request,
     };
-    let answered = Box::pin(endpoint.sdk.handle(request)).await;
-    json_refusal(answered.map(Body::new)).await
+    json_refusal(Box::pin(hand_to_sdk(request, endpoint)).await).await
+}
+
+/// The SDK's answer to `request`, followed for what carmy keeps of sessions: the session a
+/// POST without one opens, a request that reaches the session's worker, a session that ends.
+async fn hand_to_sdk(mut request: Request, endpoint: &Endpoint) -> Response {
+    let session_id = request
+        .headers()
+        .get(&direct::SESSION_ID)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let opening = match &session_id {
+        Some(id) => {
+            endpoint.sessions.handed_over(id);
+            None
+        }
+        None if request.method() == Method::POST => {
+            let opening = Opening::default();
+            request.extensions_mut().insert(opening.clone());
+            Some(opening)
+        }
+        None => None,
+    };
+    let deleting = request.method() == Method::DELETE;
+    let answered = endpoint.sdk.handle(request).await.map(Body::new);
+    let status = answered.status();
+    match (session_id, opening) {
+        (Some(id), _) if deleting && status.is_success() => endpoint.sessions.ended(&id),
+        (Some(id), _) if status == StatusCode::NOT_FOUND => {
+            let live = endpoint.manager.has_session(&Arc::from(id.as_str())).await;
+            if !live.unwrap_or(true) {
+                endpoint.sessions.ended(&id);
+            }
+        }
+        (None, Some(opening)) if status.is_success() => {
+            if let Some(id) = answered
+                .headers()
+                .get(&direct::SESSION_ID)
+                .and_then(|value| value.to_str().ok())
+            {
+                endpoint.sessions.opened(id, &opening);
+            }
+        }
+        _ => {}
+    }
+    answered
 }
 
 /// The SDK refuses some requests (wrong method, `Accept` or `Content-Type`) in plain text:
