@@ -5,8 +5,9 @@
 
 For each engine, interleaved for --rounds rounds:
 - the engine alone, running the store's own statements for one call with a fresh request_id:
-  PostgreSQL with `pgbench -M prepared -f benches/engines/postgres_call.sql` (the CLAIM and the
-  FINISH of carmy/src/idempotency/postgres.rs, each autocommitted, as carmy sends them); Redis
+  PostgreSQL with `pgbench -M prepared` running the RESERVE and the FINISH statements read from
+  carmy/src/idempotency/postgres.rs (parameters made literals, each autocommitted, as carmy
+  sends them); Redis
   with `redis-benchmark` running `EVALSHA` of the RESERVE and FINISH scripts read from
   carmy/src/idempotency/redis.rs (a pass of each, fresh keys, then finishing those keys; one
   call is one of each, so its rate is 1 / (1/reserve + 1/finish));
@@ -45,10 +46,38 @@ def run(command, **kwargs):
     return subprocess.run(command, check=True, capture_output=True, text=True, **kwargs).stdout
 
 
+def postgres_statement(name):
+    """A statement of the PostgreSQL store, as its source holds it: `const NAME: &str = "\\…";`."""
+    source = (ROOT / "carmy/src/idempotency/postgres.rs").read_text()
+    return re.search(rf'const {name}: &str = "\\\n(.*?)";', source, re.S).group(1)
+
+
+def postgres_call_script():
+    """The store's own statements for one call with a fresh request_id, as carmy sends them
+    (RESERVE, then FINISH, each autocommitted): a pgbench script, its parameters made literals."""
+    request_id = "'pgbench-' || :client_id || '-' || :n"
+    common = {"$1": "'peer:127.0.0.1'", "$2": request_id}
+    execution_id = "'exec_01a23190-0000-7000-8000-000000000000'"
+    reserve = {**common, "$3": "'create_order'", "$5": execution_id, "$6": "30500", "$7": "86400000",
+               "$4": "'\\x8f2b1c7e0a9d4e6b3f5a2c1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f'::bytea"}
+    finish = {**common, "$3": execution_id, "$4": "'finished'", "$5": "'completed'", "$6": "NULL",
+              "$7": "NULL", "$8": "'\\x7b22657865637574696f6e5f6964223a2265786563227d'::bytea",
+              "$9": "86400000"}
+    statements = []
+    for name, values in (("RESERVE", reserve), ("FINISH", finish)):
+        statement = postgres_statement(name)
+        for parameter in sorted(values, reverse=True):
+            statement = statement.replace(parameter, values[parameter])
+        statements.append(statement + ";")
+    return "\\set n random(1, 2000000000)\n" + "\n".join(statements) + "\n"
+
+
 def pgbench(seconds, clients):
-    output = run(["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", "1", "-T", str(seconds),
-                  "-f", str(ROOT / "benches/engines/postgres_call.sql"),
-                  "-h", "127.0.0.1", "-U", "postgres", "test"])
+    with tempfile.NamedTemporaryFile("w", suffix=".sql") as script:
+        script.write(postgres_call_script())
+        script.flush()
+        output = run(["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", "1", "-T", str(seconds),
+                      "-f", script.name, "-h", "127.0.0.1", "-U", "postgres", "test"])
     return float(re.search(r"tps = ([\d.]+)", output).group(1))
 
 

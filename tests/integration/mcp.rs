@@ -430,14 +430,11 @@ fn mask_execution_ids(text: &str) -> String {
     masked
 }
 
-/// A plain stateless `tools/call` is answered without the SDK's machinery: the answer must be
-/// the SDK's to the byte, for results, tool errors, refusals, replays and protocol errors.
-#[tokio::test]
-async fn a_direct_answer_is_the_sdks_to_the_byte() {
-    let probe = Probe::default();
-    let router = router(&probe);
-    let key = json!({ "dev.carmy/request_id": "both-ways" });
-    let cases = [
+/// The calls whose direct answers are compared with the SDK's: a result, tool errors, refusals,
+/// a protocol error, a malformed key, a bad trace context, and a `count` with the key `key`,
+/// which runs on its first call and is replayed on the second.
+fn direct_cases(key: &str) -> [(&'static str, Value, Value); 8] {
+    [
         ("echo", json!({ "text": "a" }), json!({})),
         ("refuse", json!({}), json!({})),
         ("picky", json!({ "word": 5 }), json!({})),
@@ -448,14 +445,26 @@ async fn a_direct_answer_is_the_sdks_to_the_byte() {
             json!({ "text": "a" }),
             json!({ "dev.carmy/request_id": 5 }),
         ),
-        // The first call runs, the second (through the SDK) replays it.
-        ("count", json!({ "text": "a" }), key.clone()),
+        (
+            "count",
+            json!({ "text": "a" }),
+            json!({ "dev.carmy/request_id": key }),
+        ),
         (
             "echo",
             json!({ "text": "a" }),
             json!({ "traceparent": "not a trace" }),
         ),
-    ];
+    ]
+}
+
+/// A plain stateless `tools/call` is answered without the SDK's machinery: the answer must be
+/// the SDK's to the byte, for results, tool errors, refusals, replays and protocol errors.
+#[tokio::test]
+async fn a_direct_answer_is_the_sdks_to_the_byte() {
+    let probe = Probe::default();
+    let router = router(&probe);
+    let cases = direct_cases("both-ways");
     for (id, (tool, arguments, meta)) in (1..).zip(cases) {
         let [direct, sdk] =
             directly_and_by_the_sdk(&router, || call(id, tool, arguments.clone(), meta.clone()))
@@ -486,25 +495,7 @@ async fn a_direct_answer_in_a_session_is_the_message_the_sdk_streams() {
     let probe = Probe::default();
     let router = router(&probe);
     let session = handshake(&router).await;
-    let key = json!({ "dev.carmy/request_id": "both-ways-in-a-session" });
-    let cases = [
-        ("echo", json!({ "text": "a" }), json!({})),
-        ("refuse", json!({}), json!({})),
-        ("picky", json!({ "word": 5 }), json!({})),
-        ("wipe", json!({}), json!({})),
-        ("no_such_tool", json!({}), json!({})),
-        (
-            "echo",
-            json!({ "text": "a" }),
-            json!({ "dev.carmy/request_id": 5 }),
-        ),
-        ("count", json!({ "text": "a" }), key),
-        (
-            "echo",
-            json!({ "text": "a" }),
-            json!({ "traceparent": "not a trace" }),
-        ),
-    ];
+    let cases = direct_cases("both-ways-in-a-session");
     for (id, (tool, arguments, meta)) in (1..).zip(cases) {
         let body = session_call(id, tool, arguments, meta);
         let direct = send(&router, post(&body, &session.headers())).await;
@@ -812,17 +803,7 @@ async fn notifications_cancelled_cancels_the_execution_of_a_session() {
         "jsonrpc": "2.0", "id": 41, "method": "tools/call",
         "params": { "name": "slow_write", "arguments": { "millis": 1500 } }
     });
-    let (mut sender, _connection) = server.connect().await;
-    let request = post(&slow, &session.headers());
-    let pending = tokio::spawn(async move {
-        let response = sender.send_request(request).await.expect("response");
-        let content_type = response.headers()["content-type"].clone();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        (
-            content_type,
-            serde_json::from_slice::<Value>(&body).unwrap(),
-        )
-    });
+    let pending = call_over(&server, post(&slow, &session.headers())).await;
     probe.wait_runs(1).await;
     let cancelled = json!({
         "jsonrpc": "2.0", "method": "notifications/cancelled",
@@ -835,12 +816,37 @@ async fn notifications_cancelled_cancels_the_execution_of_a_session() {
         .expect("the tool sees the cancellation within 1 s");
     // A plain call of a session is answered directly, as JSON: it says it was cancelled
     // (the client, which cancelled it, ignores the answer).
+    assert_cancelled(pending, 41).await;
+}
+
+/// Sends `request` on a connection of its own, which stays open; the task gives the answer's
+/// content type and body.
+async fn call_over(
+    server: &Server,
+    request: Request<Body>,
+) -> tokio::task::JoinHandle<(String, Value)> {
+    let (mut sender, connection) = server.connect().await;
+    tokio::spawn(async move {
+        let response = sender.send_request(request).await.expect("response");
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        drop(connection);
+        (content_type, serde_json::from_slice(&body).unwrap())
+    })
+}
+
+/// The call `id` answers in time, as JSON, that it was cancelled.
+async fn assert_cancelled(pending: tokio::task::JoinHandle<(String, Value)>, id: u64) {
     let (content_type, answered) = tokio::time::timeout(Duration::from_secs(2), pending)
         .await
         .expect("the call answers")
         .unwrap();
     assert_eq!(content_type, "application/json");
-    assert_eq!(answered["id"], 41);
+    assert_eq!(answered["id"], id);
+    assert_eq!(answered["result"]["isError"], true);
     assert_eq!(
         answered["result"]["_meta"]["dev.carmy/error"]["code"], "CANCELLED",
         "{answered}"
@@ -969,17 +975,7 @@ async fn a_call_in_a_session_outlives_its_client_and_ends_with_its_session() {
     // Deleting the session cancels the call it runs, which answers so; the session is gone.
     let other = handshake_over(&server).await;
     let slow = session_call(3, "slow_write", json!({ "millis": 1500 }), json!({}));
-    let (mut sender, _connection) = server.connect().await;
-    let request = post(&slow, &other.headers());
-    let pending = tokio::spawn(async move {
-        let response = sender.send_request(request).await.expect("response");
-        let content_type = response.headers()["content-type"].clone();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        (
-            content_type,
-            serde_json::from_slice::<Value>(&body).unwrap(),
-        )
-    });
+    let pending = call_over(&server, post(&slow, &other.headers())).await;
     probe.wait_runs(2).await;
     let mut delete = Request::delete("/mcp").header("host", "localhost");
     for (name, value) in other.headers() {
@@ -990,17 +986,7 @@ async fn a_call_in_a_session_outlives_its_client_and_ends_with_its_session() {
     tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified())
         .await
         .expect("the tool sees the cancellation within 1 s");
-    let (content_type, answered) = tokio::time::timeout(Duration::from_secs(2), pending)
-        .await
-        .expect("the call answers")
-        .unwrap();
-    assert_eq!(content_type, "application/json");
-    assert_eq!(answered["id"], 3);
-    assert_eq!(answered["result"]["isError"], true);
-    assert_eq!(
-        answered["result"]["_meta"]["dev.carmy/error"]["code"], "CANCELLED",
-        "{answered}"
-    );
+    assert_cancelled(pending, 3).await;
     let after = session_call(4, "echo", json!({ "text": "a" }), json!({}));
     let answer = server.send(post(&after, &other.headers())).await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);
