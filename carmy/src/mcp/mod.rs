@@ -175,23 +175,18 @@ async fn hand_to_sdk(mut request: Request, endpoint: &Endpoint) -> Response {
         .get(&direct::SESSION_ID)
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
-    let opening = match &session_id {
-        Some(id) => {
-            endpoint.sessions.handed_over(id);
-            None
-        }
-        None if request.method() == Method::POST => {
-            let opening = Opening::default();
-            request.extensions_mut().insert(opening.clone());
-            Some(opening)
-        }
-        None => None,
-    };
+    let opening = (session_id.is_none() && request.method() == Method::POST).then(|| {
+        let opening = Opening::default();
+        request.extensions_mut().insert(opening.clone());
+        opening
+    });
     let deleting = request.method() == Method::DELETE;
     let answered = endpoint.sdk.handle(request).await.map(Body::new);
     let status = answered.status();
     match (session_id, opening) {
         (Some(id), _) if deleting && status.is_success() => endpoint.sessions.ended(&id),
+        // Accepted: it reached the session's worker.
+        (Some(id), _) if status.is_success() => endpoint.sessions.handed_over(&id),
         (Some(id), _) if status == StatusCode::NOT_FOUND => {
             let live = endpoint.manager.has_session(&Arc::from(id.as_str())).await;
             if !live.unwrap_or(true) {
