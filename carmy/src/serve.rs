@@ -20,7 +20,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::http::{Request, Response, Version};
+use axum::http::{Extensions, Request, Response, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -356,8 +356,7 @@ impl Connection {
         let activity = Arc::new(Activity::new());
         let service = ConnectionService {
             router: self.router,
-            peer,
-            peer_key: PeerKey::of(peer.ip()),
+            extensions: connection_extensions(peer),
             activity: Arc::clone(&activity),
         };
         let connection = watcher.watch(self.builder.serve_connection_with_upgrades(
@@ -519,9 +518,29 @@ async fn expiry(activity: &Activity, head: Duration, idle: Duration) {
 #[derive(Clone)]
 struct ConnectionService {
     router: Router,
-    peer: SocketAddr,
-    peer_key: PeerKey,
+    /// What every request of the connection starts with ([`connection_extensions`]).
+    extensions: Extensions,
     activity: Arc<Activity>,
+}
+
+/// The extensions each request of a connection from `peer` starts with: `ConnectInfo` and the
+/// peer's rate-limit key, in a map with room for those the router and the gate add. A map
+/// made by the first insert holds three entries and is rebuilt at the fourth, and a request
+/// carries five; a clone keeps the room of its original.
+fn connection_extensions(peer: SocketAddr) -> Extensions {
+    /// Stand-ins that make the room: `MatchedPath`, the path's parameters, `Admitted`.
+    #[derive(Clone)]
+    struct Room<const SLOT: u8>;
+    let mut extensions = Extensions::new();
+    extensions.insert(ConnectInfo(peer));
+    extensions.insert(PeerKey::of(peer.ip()));
+    extensions.insert(Room::<0>);
+    extensions.insert(Room::<1>);
+    extensions.insert(Room::<2>);
+    extensions.remove::<Room<0>>();
+    extensions.remove::<Room<1>>();
+    extensions.remove::<Room<2>>();
+    extensions
 }
 
 impl hyper::service::Service<Request<Incoming>> for ConnectionService {
@@ -533,8 +552,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
         if request.version() == Version::HTTP_2 {
             self.activity.multiplexed.store(true, Ordering::Release);
         }
-        request.extensions_mut().insert(ConnectInfo(self.peer));
-        request.extensions_mut().insert(self.peer_key.clone());
+        request.extensions_mut().extend(self.extensions.clone());
         ResponseFuture {
             in_flight: Some(InFlight::start(&self.activity)),
             response: tower::ServiceExt::oneshot(self.router.clone(), request),
