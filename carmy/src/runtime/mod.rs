@@ -406,14 +406,15 @@ impl Runtime {
                     return match start.await {
                         Ok(accepted) => Answer::Accepted(accepted),
                         Err(outcome) => {
-                            record_span(&traced.span, &outcome, traced.started);
+                            record_span(&traced.span, &outcome, traced.started.elapsed());
                             Answer::Outcome(outcome)
                         }
                     };
                 }
             };
-            record_span(&traced.span, &outcome, traced.started);
-            self.count_answer(traced.tool, &outcome, traced.started);
+            let elapsed = traced.started.elapsed();
+            record_span(&traced.span, &outcome, elapsed);
+            self.count_answer(traced.tool, &outcome, elapsed);
             Answer::Outcome(outcome)
         }
     }
@@ -428,7 +429,7 @@ impl Runtime {
         let execution_id = new_execution_id();
         let span = telemetry::execution_span(&execution_id, call.request_id.as_deref(), &call.tool);
         let started = Instant::now();
-        let prepared = self.prepare(call, execution_id.clone(), prefer_async);
+        let prepared = self.prepare(call, execution_id.clone(), prefer_async, started);
         // The catalog's name, for the metrics' label: never the caller's text, and none for a
         // tool hidden from the caller, which to them does not exist.
         let tool = match &prepared {
@@ -534,8 +535,9 @@ impl Runtime {
                 let outcome = Arc::clone(&runtime)
                     .perform(prepared, permit, cancel, None)
                     .await;
-                record_span(&tracing::Span::current(), &outcome, started);
-                runtime.count_answer(Some(tool), &outcome, started);
+                let elapsed = started.elapsed();
+                record_span(&tracing::Span::current(), &outcome, elapsed);
+                runtime.count_answer(Some(tool), &outcome, elapsed);
             }
             .instrument(span),
         );
@@ -581,10 +583,10 @@ impl Runtime {
     }
 
     /// Counts an answered call for `/metrics`, when they are on.
-    fn count_answer(&self, tool: Option<&'static str>, outcome: &Outcome, started: Instant) {
+    fn count_answer(&self, tool: Option<&'static str>, outcome: &Outcome, elapsed: Duration) {
         if let Some(metrics) = &self.metrics {
             let status = outcome.response.status;
-            metrics.execution_answered(tool, status, outcome.replayed, started.elapsed());
+            metrics.execution_answered(tool, status, outcome.replayed, elapsed);
         }
     }
 
@@ -595,6 +597,7 @@ impl Runtime {
         call: Call,
         execution_id: Arc<str>,
         prefer_async: bool,
+        started: Instant,
     ) -> Result<Prepared, Rejected> {
         let Call {
             catalog,
@@ -664,7 +667,8 @@ impl Runtime {
             principal,
             requester,
             idempotency,
-            deadline: Instant::now() + timeout,
+            // From the call's start, read once for its duration too.
+            deadline: started + timeout,
             kept,
             detached,
         })
@@ -1492,9 +1496,8 @@ const SLOW: Duration = Duration::from_secs(1);
 /// Records the outcome on the execution's span, and logs it: a call that completed quickly at
 /// DEBUG (the usual case costs nothing at the default INFO), any other at INFO with its
 /// fields on the line, since the span itself is at DEBUG.
-fn record_span(span: &tracing::Span, outcome: &Outcome, started: Instant) {
+fn record_span(span: &tracing::Span, outcome: &Outcome, elapsed: Duration) {
     let status = outcome.response.status.as_str();
-    let elapsed = started.elapsed();
     let duration_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
     let code = outcome.response.code.as_deref();
     span.record("status", status);
