@@ -406,6 +406,62 @@ async fn cors_is_off_by_default_and_allows_only_configured_origins() {
     assert_eq!(plain.header("x-content-type-options"), None);
 }
 
+/// The answers whose headers are made once and copied (an execution's JSON, a document and its
+/// `304`) carry the gate's headers exactly once, per the configuration, and over a socket the
+/// length of their body (none with a `304`).
+#[tokio::test]
+async fn answers_copied_from_made_headers_carry_the_gate_headers_once() {
+    const SECURITY: [(&str, &str); 4] = [
+        ("x-content-type-options", "nosniff"),
+        ("x-frame-options", "DENY"),
+        ("referrer-policy", "no-referrer"),
+        (
+            "content-security-policy",
+            "default-src 'none'; frame-ancestors 'none'",
+        ),
+    ];
+    for secured in [true, false] {
+        let addr = serve(app(&Probe::default()).security_headers(secured)).await;
+        let executed = send_to(addr, socket_request(addr, &echo(), &[])).await;
+        let catalog = send_to(addr, get_request("/agent/tools", &[])).await;
+        let etag = catalog.header("etag").expect("an etag").to_owned();
+        let cached = send_to(
+            addr,
+            get_request("/agent/tools", &[("if-none-match", &etag)]),
+        )
+        .await;
+        assert_eq!(executed.status, StatusCode::OK);
+        assert_eq!(executed.json()["data"], json!({ "text": "hi" }));
+        assert_eq!(catalog.status, StatusCode::OK);
+        assert_eq!(cached.status, StatusCode::NOT_MODIFIED);
+        for answer in [&executed, &catalog, &cached] {
+            assert_eq!(answer.headers.get_all("carmy-version").iter().count(), 1);
+            assert_eq!(answer.header("carmy-version"), Some("1.0"));
+            for (name, value) in SECURITY {
+                assert_eq!(
+                    answer.headers.get_all(name).iter().count(),
+                    usize::from(secured),
+                    "{name}"
+                );
+                assert_eq!(answer.header(name), secured.then_some(value), "{name}");
+            }
+        }
+        for answer in [&executed, &catalog] {
+            let length = answer.body.len().to_string();
+            assert_eq!(answer.header("content-length"), Some(length.as_str()));
+            assert_eq!(answer.header("content-type"), Some("application/json"));
+        }
+        assert_eq!(executed.header("cache-control"), Some("no-store"));
+        assert_eq!(cached.header("content-length"), None);
+        assert!(cached.body.is_empty());
+        assert_eq!(cached.header("etag"), Some(etag.as_str()));
+        assert_eq!(
+            cached.header("cache-control"),
+            catalog.header("cache-control")
+        );
+    }
+}
+
 /// Serves `app` the way `App::serve` does (peer addresses known) on a loopback port.
 /// The test app over a socket, anonymous callers allowed `requests` a minute.
 async fn serve_with_anonymous_budget(requests: u32) -> SocketAddr {

@@ -10,7 +10,9 @@ use std::sync::{Arc, OnceLock};
 use axum::body::Body;
 use axum::extract::{Query, Request};
 use axum::http::Extensions;
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH, LOCATION, VARY};
+use axum::http::header::{
+    CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ETAG, IF_NONE_MATCH, LOCATION, VARY,
+};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -24,6 +26,7 @@ use crate::catalog::{self, Catalog, Lossy, Provider, ToolDefinition};
 use crate::context::Requester;
 use crate::openapi;
 use crate::principal::{Principal, TrustLevel};
+use crate::protection::AnswerHeaders;
 use crate::settings::{Admitted, Current, Settings};
 use crate::tool::{Confirmation, Effect, Mode};
 use crate::tool_error::ToolError;
@@ -108,6 +111,9 @@ pub(super) struct Document {
     body: Bytes,
     /// The quoted hex SHA-256 of `body`.
     etag: HeaderValue,
+    /// The headers of its `200`, and of its `304`.
+    full: AnswerHeaders,
+    not_modified: AnswerHeaders,
 }
 
 #[derive(Serialize)]
@@ -337,8 +343,23 @@ impl LevelDocuments {
 impl Document {
     fn new(body: &impl Serialize) -> Self {
         let body = serde_json::to_vec(body).expect("documents serialize to JSON");
+        let etag = etag_of(&body);
+        let etag_header = (ETAG, etag.clone());
+        let cache_control = (CACHE_CONTROL, CACHE_CONTROL_VALUE.clone());
         Document {
-            etag: etag_of(&body),
+            full: AnswerHeaders::new(&[
+                etag_header.clone(),
+                cache_control.clone(),
+                (CONTENT_TYPE, JSON.clone()),
+                (CONTENT_LENGTH, HeaderValue::from(body.len())),
+            ]),
+            // The length axum gives an empty body, which hyper does not send with a `304`.
+            not_modified: AnswerHeaders::new(&[
+                etag_header,
+                cache_control,
+                (CONTENT_LENGTH, HeaderValue::from_static("0")),
+            ]),
+            etag,
             body: Bytes::from(body),
         }
     }
@@ -349,15 +370,16 @@ impl Document {
         etag.trim_matches('"')
     }
 
-    /// `200` with the body, or `304` when the client's `If-None-Match` matches.
-    pub(super) fn respond(&self, request: &HeaderMap) -> Response {
-        conditional(
-            request,
-            &self.etag,
-            &CACHE_CONTROL_VALUE,
-            &JSON,
-            self.body.clone(),
-        )
+    /// `200` with the body, or `304` when the client's `If-None-Match` matches; `secured`:
+    /// whether the configuration the request was admitted under has security headers.
+    pub(super) fn respond(&self, request: &HeaderMap, secured: bool) -> Response {
+        let (mut response, headers) = if not_modified(request, &self.etag) {
+            (not_modified_response(), &self.not_modified)
+        } else {
+            (Response::new(Body::from(self.body.clone())), &self.full)
+        };
+        *response.headers_mut() = headers.answer(secured);
+        response
     }
 }
 
@@ -370,14 +392,9 @@ pub(super) fn conditional(
     content_type: &HeaderValue,
     body: Bytes,
 ) -> Response {
-    let not_modified = request
-        .get_all(IF_NONE_MATCH)
-        .iter()
-        .any(|value| if_none_match_matches(value, etag));
+    let not_modified = not_modified(request, etag);
     let mut response = if not_modified {
-        let mut response = Response::new(Body::empty());
-        *response.status_mut() = StatusCode::NOT_MODIFIED;
-        response
+        not_modified_response()
     } else {
         Response::new(Body::from(body))
     };
@@ -391,6 +408,20 @@ pub(super) fn conditional(
     response
 }
 
+/// Whether the client's `If-None-Match` matches `etag`.
+fn not_modified(request: &HeaderMap, etag: &HeaderValue) -> bool {
+    request
+        .get_all(IF_NONE_MATCH)
+        .iter()
+        .any(|value| if_none_match_matches(value, etag))
+}
+
+fn not_modified_response() -> Response {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::NOT_MODIFIED;
+    response
+}
+
 /// A strong ETag: the quoted hex SHA-256 of `body`.
 pub(super) fn etag_of(body: &[u8]) -> HeaderValue {
     let hash = hex(&Sha256::digest(body));
@@ -400,13 +431,14 @@ pub(super) fn etag_of(body: &[u8]) -> HeaderValue {
 /// The discovery document; with the console served, a person is sent to it instead
 /// (`protocol.md` §10), and both answers say they vary by who asks.
 pub(crate) async fn discovery(current: Current, request: Request) -> Response {
-    let documents = &Settings::of(request.extensions(), &current).documents;
+    let settings = Settings::of(request.extensions(), &current);
+    let (documents, secured) = (&settings.documents, settings.protection.security_headers);
     if !documents.console {
         return documents
             .for_caller(request.extensions())
             .listing()
             .discovery
-            .respond(request.headers());
+            .respond(request.headers(), secured);
     }
     let mut response = match requester(request.headers()) {
         Ok(Requester::Human) => (
@@ -421,7 +453,7 @@ pub(crate) async fn discovery(current: Current, request: Request) -> Response {
             .for_caller(request.extensions())
             .listing()
             .discovery
-            .respond(request.headers()),
+            .respond(request.headers(), secured),
         Err(error) => error.into_response(),
     };
     response.headers_mut().insert(VARY, VARY_REQUESTER.clone());
@@ -437,7 +469,7 @@ pub(crate) async fn catalog(current: Current, request: Request) -> Response {
         Ok(Some(provider)) => level.provider(provider),
         Err(error) => return error.into_response(),
     };
-    document.respond(request.headers())
+    document.respond(request.headers(), settings.protection.security_headers)
 }
 
 /// The provider named by `?format=`, if any.

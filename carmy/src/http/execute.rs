@@ -1,7 +1,7 @@
 //! `POST /agent/execute` (`protocol.md` §4): parses the request, drives the runtime, and
 //! answers with JSON or Server-Sent Events. A client that goes away cancels the execution.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -26,6 +26,7 @@ use crate::catalog::Catalog;
 use crate::context::{Event, EventReceiver, event_channel};
 use crate::executions::running_body;
 use crate::principal::Principal;
+use crate::protection::AnswerHeaders;
 use crate::runtime::{self, Accepted, Answer, Call, Delivery, Outcome, Runtime, response};
 use crate::settings::{Admitted, Current, Settings};
 use crate::tool_error::{ToolError, clip, retry_after_secs};
@@ -77,7 +78,7 @@ pub(crate) fn execute(
 ) -> impl Future<Output = Response> + Send {
     let (parts, body) = request.into_parts();
     async move {
-        let catalog = catalog_of(&parts, &state.current);
+        let (catalog, secured) = snapshot_of(&parts, &state.current);
         let call = match read_call(
             &parts.headers,
             body,
@@ -89,13 +90,16 @@ pub(crate) fn execute(
             Ok(call) => call,
             Err(error) => return error.into_response(),
         };
-        answer(state, &parts.headers, call).await
+        answer(state, &parts.headers, call, secured).await
     }
 }
 
-/// The catalog of the configuration snapshot the gate attached to the request.
-pub(super) fn catalog_of(parts: &Parts, current: &Current) -> Arc<Catalog> {
-    Arc::clone(&Settings::of(&parts.extensions, current).catalog)
+/// What a call takes from the configuration snapshot the gate attached to the request: the
+/// catalog, and whether answers carry the security headers.
+pub(super) fn snapshot_of(parts: &Parts, current: &Current) -> (Arc<Catalog>, bool) {
+    let settings = Settings::of(&parts.extensions, current);
+    let secured = settings.protection.security_headers;
+    (Arc::clone(&settings.catalog), secured)
 }
 
 /// Runs a parsed call and answers with JSON or, when the client accepts them, Server-Sent
@@ -111,6 +115,7 @@ pub(super) fn answer(
     state: ExecuteState,
     headers: &HeaderMap,
     call: Call,
+    secured: bool,
 ) -> impl Future<Output = Response> + Send + '_ {
     async move {
         if wants_event_stream(headers) {
@@ -125,7 +130,7 @@ pub(super) fn answer(
             prefer_async,
         };
         match state.runtime.call(call, delivery).await {
-            Answer::Outcome(outcome) => json_response(outcome),
+            Answer::Outcome(outcome) => json_response(outcome, secured),
             Answer::Accepted(accepted) => accepted_response(&accepted, prefer_async),
         }
     }
@@ -273,18 +278,28 @@ fn wants_event_stream(headers: &HeaderMap) -> bool {
         .any(|(media, quality)| quality > 0.0 && media.eq_ignore_ascii_case("text/event-stream"))
 }
 
-fn json_response(outcome: Outcome) -> Response {
+/// The headers of an execution's JSON answer; `Content-Length` is each answer's own.
+static JSON_ANSWER: LazyLock<AnswerHeaders> = LazyLock::new(|| {
+    AnswerHeaders::new(&[
+        (CONTENT_TYPE, JSON.clone()),
+        (CACHE_CONTROL, NO_STORE.clone()),
+        (CONTENT_LENGTH, HeaderValue::from_static("0")),
+    ])
+});
+
+/// `secured`: whether the configuration the call was admitted under has security headers.
+fn json_response(outcome: Outcome, secured: bool) -> Response {
     let Outcome {
         response,
         replayed,
         retry_after,
     } = outcome;
+    let length = response.body.len();
     let mut answer = Response::new(Body::from(response.body));
     *answer.status_mut() = status_for(response.category, response.code.as_deref());
     let headers = answer.headers_mut();
-    headers.reserve(super::RESPONSE_HEADERS);
-    headers.insert(CONTENT_TYPE, JSON.clone());
-    headers.insert(CACHE_CONTROL, NO_STORE.clone());
+    *headers = JSON_ANSWER.answer(secured);
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
     if let Some(after) = retry_after {
         headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
     }

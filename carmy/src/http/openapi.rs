@@ -13,17 +13,19 @@ use crate::settings::{Admitted, Current, Settings};
 use crate::tool_error::ToolError;
 
 pub(crate) async fn document(current: Current, request: Request) -> Response {
-    Settings::of(request.extensions(), &current)
+    let settings = Settings::of(request.extensions(), &current);
+    settings
         .documents
         .for_caller(request.extensions())
         .openapi()
-        .respond(request.headers())
+        .respond(request.headers(), settings.protection.security_headers)
 }
 
 /// The tool named in the path, called with the body as its arguments (`{}` when the body is
 /// empty) and the `Idempotency-Key` header as its request id; then the execute pipeline.
 pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
+    let (catalog, secured) = execute::snapshot_of(&parts, &state.current);
     let call = async {
         let Path(tool) = Path::<String>::from_request_parts(&mut parts, &())
             .await
@@ -45,11 +47,11 @@ pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Reques
             request_id,
             principal: Admitted::caller_or_anonymous(&parts.extensions),
             requester: requester(&parts.headers)?,
-            catalog: execute::catalog_of(&parts, &state.current),
+            catalog,
         })
     };
     match call.await {
-        Ok(call) => execute::answer(state, &parts.headers, call).await,
+        Ok(call) => execute::answer(state, &parts.headers, call, secured).await,
         Err(error) => error.into_response(),
     }
 }

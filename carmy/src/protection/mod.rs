@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request};
+use axum::http::header::Entry;
 use axum::http::header::ORIGIN;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
@@ -217,14 +218,61 @@ where
             Err(error) => refuse(error),
         };
         let headers = response.headers_mut();
-        headers.insert(CARMY_VERSION.clone(), SERVED_VERSION.clone());
-        // A route that set its own (the console's policy) keeps it.
-        if protection.security_headers {
-            for (name, value) in &SECURITY_HEADERS {
-                headers.entry(name).or_insert_with(|| value.clone());
-            }
+        // Every answer gets the version and, when they are on, the security headers; one
+        // started from `AnswerHeaders` has them all already.
+        if let Entry::Vacant(version) = headers.entry(&CARMY_VERSION) {
+            version.insert(SERVED_VERSION.clone());
+            add_security_headers(headers, protection.security_headers);
         }
         response
+    }
+}
+
+/// A route that set its own security header (the console's policy) keeps it.
+fn add_security_headers(headers: &mut HeaderMap, security_headers: bool) {
+    if security_headers {
+        for (name, value) in &SECURITY_HEADERS {
+            headers.entry(name).or_insert_with(|| value.clone());
+        }
+    }
+}
+
+/// The headers a route's answer starts with, built once: the gate's (see [`guard`]) and then
+/// the route's own. A clone is one copy of the map, where every header inserted costs a hash,
+/// a probe and an entry, and a map that outgrows its first allocation is allocated again;
+/// the gate leaves an answer that already has `Carmy-Version` as it is.
+#[derive(Debug)]
+pub(crate) struct AnswerHeaders {
+    plain: HeaderMap,
+    secured: HeaderMap,
+}
+
+impl AnswerHeaders {
+    /// The gate's headers, then `own`: with every header the route's answer will have, a
+    /// placeholder value for those it sets per answer, so that the clone has room for them.
+    pub(crate) fn new(own: &[(HeaderName, HeaderValue)]) -> Self {
+        let build = |security_headers| {
+            let mut headers = HeaderMap::with_capacity(1 + SECURITY_HEADERS.len() + own.len());
+            headers.insert(CARMY_VERSION.clone(), SERVED_VERSION.clone());
+            add_security_headers(&mut headers, security_headers);
+            for (name, value) in own {
+                headers.insert(name.clone(), value.clone());
+            }
+            headers
+        };
+        AnswerHeaders {
+            plain: build(false),
+            secured: build(true),
+        }
+    }
+
+    /// The headers of an answer served under a configuration with `security_headers`.
+    pub(crate) fn answer(&self, security_headers: bool) -> HeaderMap {
+        if security_headers {
+            self.secured.clone()
+        } else {
+            self.plain.clone()
+        }
     }
 }
 
