@@ -406,8 +406,8 @@ async fn cors_is_off_by_default_and_allows_only_configured_origins() {
     assert_eq!(plain.header("x-content-type-options"), None);
 }
 
-/// The answers whose headers are made once and copied (an execution's JSON, a document and its
-/// `304`) carry the gate's headers exactly once, per the configuration, and over a socket the
+/// The answers whose headers are made once and copied (an execution's JSON, replayed or not, a
+/// document and its `304`) carry the gate's headers exactly once, per the configuration, and over a socket the
 /// length of their body (none with a `304`).
 #[tokio::test]
 async fn answers_copied_from_made_headers_carry_the_gate_headers_once() {
@@ -423,6 +423,14 @@ async fn answers_copied_from_made_headers_carry_the_gate_headers_once() {
     for secured in [true, false] {
         let addr = serve(app(&Probe::default()).security_headers(secured)).await;
         let executed = send_to(addr, socket_request(addr, &echo(), &[])).await;
+        let mut keyed = echo();
+        keyed["request_id"] = json!(format!("made-headers-{secured}"));
+        let first = send_to(addr, socket_request(addr, &keyed, &[])).await;
+        let replayed = send_to(addr, socket_request(addr, &keyed, &[])).await;
+        assert_eq!(first.header("carmy-replayed"), None);
+        assert_eq!(replayed.headers.get_all("carmy-replayed").iter().count(), 1);
+        assert_eq!(replayed.header("carmy-replayed"), Some("true"));
+        assert_eq!(replayed.body, first.body);
         let catalog = send_to(addr, get_request("/agent/tools", &[])).await;
         let etag = catalog.header("etag").expect("an etag").to_owned();
         let cached = send_to(
@@ -434,7 +442,7 @@ async fn answers_copied_from_made_headers_carry_the_gate_headers_once() {
         assert_eq!(executed.json()["data"], json!({ "text": "hi" }));
         assert_eq!(catalog.status, StatusCode::OK);
         assert_eq!(cached.status, StatusCode::NOT_MODIFIED);
-        for answer in [&executed, &catalog, &cached] {
+        for answer in [&executed, &replayed, &catalog, &cached] {
             assert_eq!(answer.headers.get_all("carmy-version").iter().count(), 1);
             assert_eq!(answer.header("carmy-version"), Some("1.0"));
             for (name, value) in SECURITY {
@@ -446,7 +454,7 @@ async fn answers_copied_from_made_headers_carry_the_gate_headers_once() {
                 assert_eq!(answer.header(name), secured.then_some(value), "{name}");
             }
         }
-        for answer in [&executed, &catalog] {
+        for answer in [&executed, &replayed, &catalog] {
             let length = answer.body.len().to_string();
             assert_eq!(answer.header("content-length"), Some(length.as_str()));
             assert_eq!(answer.header("content-type"), Some("application/json"));

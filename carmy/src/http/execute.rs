@@ -278,14 +278,23 @@ fn wants_event_stream(headers: &HeaderMap) -> bool {
         .any(|(media, quality)| quality > 0.0 && media.eq_ignore_ascii_case("text/event-stream"))
 }
 
-/// The headers of an execution's JSON answer; `Content-Length` is each answer's own.
-static JSON_ANSWER: LazyLock<AnswerHeaders> = LazyLock::new(|| {
-    AnswerHeaders::new(&[
+/// The headers of an execution's JSON answer, and of a replayed one (a retry's answer, as
+/// common as the calls agents retry).
+static JSON_ANSWER: LazyLock<AnswerHeaders> = LazyLock::new(|| json_answer(false));
+static JSON_REPLAYED: LazyLock<AnswerHeaders> = LazyLock::new(|| json_answer(true));
+
+/// `Content-Length` is each answer's own.
+fn json_answer(replayed: bool) -> AnswerHeaders {
+    let mut own = vec![
         (CONTENT_TYPE, JSON.clone()),
         (CACHE_CONTROL, NO_STORE.clone()),
         (CONTENT_LENGTH, HeaderValue::from_static("0")),
-    ])
-});
+    ];
+    if replayed {
+        own.push((CARMY_REPLAYED.clone(), TRUE.clone()));
+    }
+    AnswerHeaders::new(&own)
+}
 
 /// `secured`: whether the configuration the call was admitted under has security headers.
 fn json_response(outcome: Outcome, secured: bool) -> Response {
@@ -298,13 +307,15 @@ fn json_response(outcome: Outcome, secured: bool) -> Response {
     let mut answer = Response::new(Body::from(response.body));
     *answer.status_mut() = status_for(response.category, response.code.as_deref());
     let headers = answer.headers_mut();
-    *headers = JSON_ANSWER.answer(secured);
+    let made = if replayed {
+        &JSON_REPLAYED
+    } else {
+        &JSON_ANSWER
+    };
+    *headers = made.answer(secured);
     headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
     if let Some(after) = retry_after {
         headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
-    }
-    if replayed {
-        headers.insert(CARMY_REPLAYED.clone(), TRUE.clone());
     }
     answer
 }
