@@ -359,24 +359,30 @@ impl Connection {
             extensions: connection_extensions(peer),
             activity: Arc::clone(&activity),
         };
-        let connection = watcher.watch(self.builder.serve_connection_with_upgrades(
-            TokioIo::new(WatchedStream {
-                stream,
-                activity: Arc::clone(&activity),
-            }),
-            service,
-        ));
-        tokio::select! {
-            result = connection => {
-                if let Err(error) = result {
-                    tracing::debug!(%peer, %error, "connection ended with an error");
-                }
+        let io = TokioIo::new(WatchedStream {
+            stream,
+            activity: Arc::clone(&activity),
+        });
+        let builder = self.builder;
+        // The connection runs in a task of its own, watched from this one: its deadlines and
+        // the close are looked at when they come, not each time a request wakes the
+        // connection, as a `select!` over the three would.
+        let mut connection = tokio::spawn(async move {
+            let connection = watcher.watch(builder.serve_connection_with_upgrades(io, service));
+            if let Err(error) = connection.await {
+                tracing::debug!(%peer, %error, "connection ended with an error");
             }
+        });
+        tokio::select! {
+            _ = &mut connection => return,
             () = expiry(&activity, self.head_timeout, self.idle_timeout) => {
                 tracing::debug!(%peer, "connection closed: no request in time");
             }
             () = self.close.cancelled() => {}
         }
+        connection.abort();
+        // The socket is closed when the aborted task is dropped: only then is its slot free.
+        let _ = connection.await;
     }
 }
 
