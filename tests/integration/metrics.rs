@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use carmy::TrustLevel;
 use carmy::protection::RateLimit;
-use carmy_tests::{Answer, execute, get, send};
+use carmy_tests::{Answer, execute, execute_request, get, send};
 use prometheus_parse::{Sample, Scrape, Value as Reading};
 use serde_json::json;
 
@@ -172,6 +172,30 @@ async fn executions_replays_and_requests_are_counted_with_catalog_labels() {
         ],
     ));
     assert_eq!(count, 1.0);
+}
+
+/// A request given up while its tool runs (its client went away) is no longer active, and the
+/// execution it cancelled no longer in flight.
+#[tokio::test]
+async fn a_request_given_up_is_no_longer_active() {
+    let probe = Probe::default();
+    let router = tools::app(&probe).metrics(true).router().unwrap();
+    let slow = json!({ "tool": "slow_read", "arguments": { "millis": 10_000 } });
+    let answering = tower::ServiceExt::oneshot(router.clone(), execute_request(&slow, &[]));
+    tokio::select! {
+        answered = answering => panic!("answered: {:?}", answered.map(|response| response.status())),
+        () = probe.wait_runs(1) => {}
+    }
+    let scrape = scrape(&router).await;
+    // The scrape itself is the one request in flight.
+    assert_eq!(
+        number(sample(&scrape, "http_server_active_requests", &[])),
+        1.0
+    );
+    assert_eq!(
+        number(sample(&scrape, "carmy_executions_in_flight", &[])),
+        0.0
+    );
 }
 
 #[tokio::test]

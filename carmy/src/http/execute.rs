@@ -11,8 +11,9 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures_util::Stream;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use futures_util::future::{Either, ready};
+use futures_util::{FutureExt, Stream};
+use http_body_util::{LengthLimitError, Limited};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -70,28 +71,24 @@ fn empty_object() -> Value {
 
 /// `POST /agent/execute`, run inside the gate ([`super::gate::Endpoints::post_inline`]).
 ///
-/// A plain function returning an async block, not an async function, whose future would keep
-/// the request it was called with beside its parts (rust-lang/rust#62958).
+/// Reading owns the request's head while it reads the body, then hands it back; the answer's
+/// future, which needs none of it, then takes its place. An async block would keep the head
+/// beside that future, and a function's future is stored inside its caller's.
 pub(crate) fn execute(
     state: ExecuteState,
     request: Request,
 ) -> impl Future<Output = Response> + Send {
     let (parts, body) = request.into_parts();
-    async move {
-        let (catalog, secured) = snapshot_of(&parts, &state.current);
-        let call = match read_call(
-            &parts.headers,
-            body,
-            Admitted::caller_or_anonymous(&parts.extensions),
-            catalog,
-        )
-        .await
-        {
-            Ok(call) => call,
-            Err(error) => return error.into_response(),
-        };
-        answer(state, &parts.headers, call, secured).await
-    }
+    let (catalog, secured) = snapshot_of(&parts, &state.current);
+    let principal = Admitted::caller_or_anonymous(&parts.extensions);
+    let reading = async move {
+        let call = read_call(&parts.headers, body, principal, catalog).await;
+        (parts, call)
+    };
+    reading.then(move |(parts, call)| match call {
+        Ok(call) => Either::Left(answer(state, &parts.headers, call, secured)),
+        Err(error) => Either::Right(ready(error.into_response())),
+    })
 }
 
 /// What a call takes from the configuration snapshot the gate attached to the request: the
@@ -105,35 +102,28 @@ pub(super) fn snapshot_of(parts: &Parts, current: &Current) -> (Arc<Catalog>, bo
 /// Runs a parsed call and answers with JSON or, when the client accepts them, Server-Sent
 /// Events: every route that executes answers through here.
 ///
-/// An async block that uses its arguments where they are, not an async fn, whose future would
-/// hold the call twice (rust-lang/rust#62958).
-#[allow(
-    clippy::manual_async_fn,
-    reason = "an async fn keeps its arguments twice"
-)]
+/// The headers are read at once: the future keeps nothing of the request, and this future
+/// stands for the client: dropped when it goes away, it cancels the execution.
 pub(super) fn answer(
     state: ExecuteState,
     headers: &HeaderMap,
     call: Call,
     secured: bool,
-) -> impl Future<Output = Response> + Send + '_ {
-    async move {
-        if wants_event_stream(headers) {
-            return stream(state, call);
-        }
-        let prefer_async = prefers_async(headers);
-        // This future stands for the client: dropped when it goes away, it cancels the
-        // execution.
-        let delivery = Delivery {
-            cancel: None,
-            events: None,
-            prefer_async,
-        };
-        match state.runtime.call(call, delivery).await {
-            Answer::Outcome(outcome) => json_response(outcome, secured),
-            Answer::Accepted(accepted) => accepted_response(&accepted, prefer_async),
-        }
+) -> impl Future<Output = Response> + Send + use<> {
+    if wants_event_stream(headers) {
+        return Either::Left(ready(stream(state, call)));
     }
+    let prefer_async = prefers_async(headers);
+    let delivery = Delivery {
+        cancel: None,
+        events: None,
+        prefer_async,
+    };
+    let answered = state.runtime.call(call, delivery);
+    Either::Right(answered.map(move |answered| match answered {
+        Answer::Outcome(outcome) => json_response(outcome, secured),
+        Answer::Accepted(accepted) => accepted_response(&accepted, prefer_async),
+    }))
 }
 
 /// Whether `Prefer` (RFC 7240: comma-separated preferences, each with optional parameters)
@@ -224,8 +214,8 @@ pub(super) async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, 
     if declared_length.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
         return Err(payload_too_large());
     }
-    match Limited::new(body, MAX_BODY_BYTES).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
+    match super::whole_body(Limited::new(body, MAX_BODY_BYTES)).await {
+        Ok(bytes) => Ok(bytes),
         Err(error) if error.is::<LengthLimitError>() => Err(payload_too_large()),
         Err(error) if super::body_timed_out(&*error) => Err(super::body_timeout()),
         Err(error) => Err(ToolError::invalid_request(format!(
@@ -313,7 +303,7 @@ fn json_response(outcome: Outcome, secured: bool) -> Response {
         &JSON_ANSWER
     };
     *headers = made.answer(secured);
-    headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
+    headers.insert(CONTENT_LENGTH, super::content_length(length));
     if let Some(after) = retry_after {
         headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
     }

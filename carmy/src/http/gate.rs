@@ -224,8 +224,10 @@ impl Shared {
     /// matched template, never the raw path, so no request adds a series. Refusals by the
     /// protection gate are measured and traced too.
     ///
-    /// A plain function around an async block that uses the request's parts where they are:
-    /// an async fn's future would hold the request and its parts besides (rust-lang/rust#62958).
+    /// What needs no waiting is done here, and the rest is combinators around the gate's
+    /// future rather than an async block, which would keep the request's parts beside the
+    /// future they were moved into: the boxed future of every request stays small enough for
+    /// the allocator's per-thread cache.
     fn pass<S>(
         self: Arc<Self>,
         inner: S,
@@ -235,40 +237,59 @@ impl Shared {
         S: Service<Request, Response = Response, Error = Infallible>,
     {
         let (parts, body) = request.into_parts();
-        async move {
-            let started = Instant::now();
-            // A request without a body (most `GET`s) has nothing to wait for.
-            let body = if body.is_end_stream() {
-                body
-            } else {
-                Body::new(DeadlineBody::new(body, started + self.body_timeout))
-            };
-            let method = method_label(&parts.method);
-            let matched = parts.extensions.get::<MatchedPath>().cloned();
-            let route = matched.as_ref().map(MatchedPath::as_str);
-            let mut traceparents = parts.headers.get_all(&TRACEPARENT).iter();
-            // Several `traceparent`s are malformed, as the specification says: a new trace.
-            let parent = match (traceparents.next(), traceparents.next()) {
-                (Some(value), None) => value.to_str().ok().and_then(TraceParent::parse),
-                _ => None,
-            };
-            let span = telemetry::server_span(method, route, parent.as_ref());
-            let active = self.metrics.as_deref().map(Metrics::http_request);
-            let response = protection::guard(&self.current, parts, body, |request| async move {
-                match inner.oneshot(request).await {
-                    Ok(response) => response,
-                    Err(never) => match never {},
-                }
-            })
-            .instrument(span.clone())
-            .await;
+        let started = Instant::now();
+        // A request without a body (most `GET`s) has nothing to wait for.
+        let body = if body.is_end_stream() {
+            body
+        } else {
+            Body::new(DeadlineBody::new(body, started + self.body_timeout))
+        };
+        let method = method_label(&parts.method);
+        let matched = parts.extensions.get::<MatchedPath>().cloned();
+        let mut traceparents = parts.headers.get_all(&TRACEPARENT).iter();
+        // Several `traceparent`s are malformed, as the specification says: a new trace.
+        let parent = match (traceparents.next(), traceparents.next()) {
+            (Some(value), None) => value.to_str().ok().and_then(TraceParent::parse),
+            _ => None,
+        };
+        let route = matched.as_ref().map(MatchedPath::as_str);
+        let span = telemetry::server_span(method, route, parent.as_ref());
+        let routed = move |request| {
+            inner
+                .oneshot(request)
+                .map(|answered| answered.unwrap_or_else(|never| match never {}))
+        };
+        let guarded = protection::guard(&self.current, parts, body, routed);
+        let answering = Answering::begin(self);
+        guarded.instrument(span.clone()).map(move |response| {
             let status = response.status().as_u16();
             span.record("http.response.status_code", status);
-            if let Some(metrics) = &self.metrics {
+            if let Some(metrics) = &answering.0.metrics {
                 metrics.http_answered(method, matched, status, started.elapsed());
             }
-            drop(active);
+            drop(answering);
             Ok(response)
+        })
+    }
+}
+
+/// A request, counted in `http_server_active_requests` (when metrics are on) until it is
+/// dropped: answered, or given up when its client went away.
+struct Answering(Arc<Shared>);
+
+impl Answering {
+    fn begin(shared: Arc<Shared>) -> Self {
+        if let Some(metrics) = &shared.metrics {
+            metrics.http_request_began();
+        }
+        Answering(shared)
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        if let Some(metrics) = &self.0.metrics {
+            metrics.http_request_ended();
         }
     }
 }

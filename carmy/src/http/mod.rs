@@ -18,10 +18,11 @@ mod openapi;
 mod requester;
 mod sse;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
+use axum::http::HeaderValue;
 
 use crate::principal::TrustLevel;
 use crate::reload::Reloader;
@@ -140,6 +141,46 @@ fn may_manage(request: &axum::extract::Request, permission: &str) -> bool {
     })
 }
 
+/// A whole request body. One that arrives in a single frame (the usual small body, read with
+/// its head) is that frame's bytes as they are, with no poll after its end: http-body-util's
+/// `collect` queues every frame, polls once more for the end, and copies the queue out again.
+pub(crate) async fn whole_body<B>(mut body: B) -> Result<bytes::Bytes, B::Error>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+{
+    use http_body_util::BodyExt;
+    let mut first = None;
+    let mut joined = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        // Trailers carry no bytes of the body.
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            earlier => {
+                joined.extend_from_slice(&earlier.unwrap_or_default());
+                joined.extend_from_slice(&data);
+            }
+        }
+        if body.is_end_stream() {
+            break;
+        }
+    }
+    Ok(first.unwrap_or_else(|| joined.freeze()))
+}
+
+/// The `Content-Length` of a body of `length` bytes. That of the usual answer (up to 2 KiB) is
+/// made once per length and cloned, a reference count; `HeaderValue::from` formats it and
+/// allocates its bytes every time.
+pub(crate) fn content_length(length: usize) -> HeaderValue {
+    static MADE: [OnceLock<HeaderValue>; 2048] = [const { OnceLock::new() }; 2048];
+    match MADE.get(length) {
+        Some(made) => made.get_or_init(|| HeaderValue::from(length)).clone(),
+        None => HeaderValue::from(length),
+    }
+}
+
 /// A route that takes no input refuses a body rather than ignoring it.
 async fn empty_body(body: axum::body::Body, what: &str) -> Result<(), ToolError> {
     use http_body_util::{BodyExt, Limited};
@@ -173,4 +214,45 @@ fn body_timeout() -> ToolError {
         "the request body did not arrive within the body timeout",
     )
     .retryable(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use http_body::Frame;
+    use http_body_util::{Full, StreamBody};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_body_in_one_frame_or_many_is_read_whole() {
+        let one = whole_body(Full::new(Bytes::from_static(b"{\"tool\":\"x\"}"))).await;
+        assert_eq!(one.unwrap(), Bytes::from_static(b"{\"tool\":\"x\"}"));
+        // Empty frames, trailers and frames of every size, in order.
+        let mut trailers = axum::http::HeaderMap::new();
+        trailers.insert("x-trailer", HeaderValue::from_static("1"));
+        let frames = vec![
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::new())),
+            Ok(Frame::data(Bytes::from_static(b"ab"))),
+            Ok(Frame::data(Bytes::new())),
+            Ok(Frame::data(Bytes::from_static(b"c"))),
+            Ok(Frame::data(Bytes::from(vec![b'd'; 70_000]))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        let many = whole_body(StreamBody::new(futures_util::stream::iter(frames))).await;
+        let mut expected = b"abc".to_vec();
+        expected.extend(std::iter::repeat_n(b'd', 70_000));
+        assert_eq!(many.unwrap(), Bytes::from(expected));
+        let none = whole_body(Full::new(Bytes::new())).await;
+        assert!(none.unwrap().is_empty());
+    }
+
+    #[test]
+    fn content_lengths_made_once_are_the_lengths() {
+        for length in [0, 1, 9, 10, 2047, 2048, 2049, 1 << 20] {
+            for _ in 0..2 {
+                assert_eq!(content_length(length), HeaderValue::from(length));
+            }
+        }
+    }
 }

@@ -19,13 +19,12 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
-use axum::http::header::{ACCEPT, CONTENT_TYPE, HOST};
+use axum::http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use axum::http::request::Parts;
 use axum::http::uri::Authority;
 use axum::http::{HeaderMap, HeaderName, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use http_body::Body as _;
-use http_body_util::BodyExt;
 use rmcp::ErrorData;
 use rmcp::model::{
     CallToolRequestMethod, CancelledNotificationMethod, ConstString, JsonRpcVersion2_0,
@@ -183,8 +182,8 @@ pub(super) async fn answer_in_session(
 /// text, made JSON by the caller).
 async fn read(request: Request) -> Result<(Parts, Bytes), Response> {
     let (parts, body) = request.into_parts();
-    match body.collect().await {
-        Ok(collected) => Ok((parts, collected.to_bytes())),
+    match crate::http::whole_body(body).await {
+        Ok(bytes) => Ok((parts, bytes)),
         Err(error) => {
             let message = format!("Failed to read request body: {error}");
             Err((StatusCode::INTERNAL_SERVER_ERROR, message).into_response())
@@ -201,8 +200,12 @@ fn json_rpc_answer(id: RequestId, answered: Result<ServerResult, ErrorData>) -> 
     };
     match serde_json::to_vec(&message) {
         Ok(body) => {
+            let length = crate::http::content_length(body.len());
             let mut response = Response::new(Body::from(body));
-            response.headers_mut().insert(CONTENT_TYPE, JSON.clone());
+            let headers = response.headers_mut();
+            headers.insert(CONTENT_TYPE, JSON.clone());
+            // Set here from the lengths made once; axum would format and allocate it.
+            headers.insert(CONTENT_LENGTH, length);
             response
         }
         Err(error) => {

@@ -18,6 +18,8 @@ use axum::http::header::ORIGIN;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
+use futures_util::future::Either;
 use serde_json::json;
 use tower_http::cors::CorsLayer;
 
@@ -187,45 +189,47 @@ impl PeerKey {
 /// refusal is rendered in the transport's own error shape; `route` answers an admitted request.
 /// The request comes in parts: admission reads them, and an admitted request carries its
 /// [`Admitted`] (the snapshot and the caller) to its route.
-#[allow(
-    clippy::manual_async_fn,
-    reason = "an async fn keeps its arguments twice"
-)]
+///
+/// Admission owns the parts while it reads them and hands them back; the route's future then
+/// takes their place, where an async block would keep them beside it.
 pub(crate) fn guard<Route, Answered>(
     current: &Current,
-    mut parts: Parts,
+    parts: Parts,
     body: Body,
     route: Route,
-) -> impl Future<Output = Response>
+) -> impl Future<Output = Response> + use<Route, Answered>
 where
     Route: FnOnce(Request) -> Answered,
     Answered: Future<Output = Response>,
 {
-    // An async block that uses its arguments where they are, not an async fn, whose future
-    // would hold the parts twice (rust-lang/rust#62958).
-    async move {
-        let settings = current.load_full();
-        let protection = &settings.protection;
-        let refuse = refusal_for(parts.uri.path());
-        let mut response = match protection.admit(&parts).await {
+    let settings = current.load_full();
+    let security_headers = settings.protection.security_headers;
+    let refuse = refusal_for(parts.uri.path());
+    let admission = async move {
+        let admitted = settings.protection.admit(&parts).await;
+        (parts, settings, admitted)
+    };
+    admission
+        .then(move |(mut parts, settings, admitted)| match admitted {
             Ok(principal) => {
                 parts.extensions.insert(Admitted {
-                    settings: Arc::clone(&settings),
+                    settings,
                     principal,
                 });
-                route(Request::from_parts(parts, body)).await
+                Either::Left(route(Request::from_parts(parts, body)))
             }
-            Err(error) => refuse(error),
-        };
-        let headers = response.headers_mut();
-        // Every answer gets the version and, when they are on, the security headers; one
-        // started from `AnswerHeaders` has them all already.
-        if let Entry::Vacant(version) = headers.entry(&CARMY_VERSION) {
-            version.insert(SERVED_VERSION.clone());
-            add_security_headers(headers, protection.security_headers);
-        }
-        response
-    }
+            Err(error) => Either::Right(std::future::ready(refuse(error))),
+        })
+        .map(move |mut response| {
+            let headers = response.headers_mut();
+            // Every answer gets the version and, when they are on, the security headers; one
+            // started from `AnswerHeaders` has them all already.
+            if let Entry::Vacant(version) = headers.entry(&CARMY_VERSION) {
+                version.insert(SERVED_VERSION.clone());
+                add_security_headers(headers, security_headers);
+            }
+            response
+        })
 }
 
 /// A route that set its own security header (the console's policy) keeps it.

@@ -213,7 +213,7 @@ impl Prepared {
 }
 
 /// A call once begun: how its outcome comes.
-enum Begun<'a> {
+enum Begun {
     /// Answered without waiting.
     Ended(Outcome),
     /// An execution without a record whose tool waits: it goes on in the caller's future.
@@ -225,7 +225,7 @@ enum Begun<'a> {
         client_gone: Option<DropGuard>,
     },
     /// A detached execution, being started.
-    Starting(Pin<Box<dyn Future<Output = Result<Accepted, Outcome>> + Send + 'a>>),
+    Starting(Pin<Box<dyn Future<Output = Result<Accepted, Outcome>> + Send>>),
 }
 
 /// What a call's span and metrics need once it has ended.
@@ -376,13 +376,15 @@ impl Runtime {
     /// A plain function that does all it can at once (prepare, and run a tool that does not
     /// wait) and returns a future of what is left: an async function's future would also keep
     /// its arguments and every step's locals, several hundred bytes that each caller's future
-    /// carries and moves.
+    /// carries and moves. The future owns what it needs, so a caller can make it and let go of
+    /// what the call was made from.
     pub(crate) fn call(
         self: &Arc<Self>,
         call: Call,
         delivery: Delivery,
-    ) -> impl Future<Output = Answer> + Send + '_ {
+    ) -> impl Future<Output = Answer> + Send + use<> {
         let (begun, traced) = self.begin(call, delivery);
+        let metrics = self.metrics.clone();
         async move {
             let outcome = match begun {
                 Begun::Ended(outcome) => outcome,
@@ -414,13 +416,13 @@ impl Runtime {
             };
             let elapsed = traced.started.elapsed();
             record_span(&traced.span, &outcome, elapsed);
-            self.count_answer(traced.tool, &outcome, elapsed);
+            count_answer(metrics.as_deref(), traced.tool, &outcome, elapsed);
             Answer::Outcome(outcome)
         }
     }
 
     /// The part of [`Runtime::call`] that needs no waiting.
-    fn begin(self: &Arc<Self>, call: Call, delivery: Delivery) -> (Begun<'_>, Traced) {
+    fn begin(self: &Arc<Self>, call: Call, delivery: Delivery) -> (Begun, Traced) {
         let Delivery {
             cancel,
             events,
@@ -443,7 +445,11 @@ impl Runtime {
             }
             Ok(prepared) if prepared.detached => {
                 span.record("effect", prepared.tool.effect.as_str());
-                Begun::Starting(Box::pin(self.start(prepared, span.clone(), started)))
+                Begun::Starting(Box::pin(Arc::clone(self).start(
+                    prepared,
+                    span.clone(),
+                    started,
+                )))
             }
             // Without a record, the execution runs in the caller's future: if the client goes
             // away, dropping it cancels the tool.
@@ -500,7 +506,7 @@ impl Runtime {
     /// execution, then run it in its own task under its deadline. `Err`: answered at once (a
     /// replay, a conflict, no capacity).
     async fn start(
-        self: &Arc<Self>,
+        self: Arc<Self>,
         prepared: Prepared,
         span: tracing::Span,
         started: Instant,
@@ -528,7 +534,7 @@ impl Runtime {
             execution_id: prepared.execution_id.clone(),
             tool: prepared.tool.name,
         };
-        let runtime = Arc::clone(self);
+        let runtime = Arc::clone(&self);
         self.tasks.spawn(
             async move {
                 let tool = prepared.tool.name;
@@ -537,7 +543,7 @@ impl Runtime {
                     .await;
                 let elapsed = started.elapsed();
                 record_span(&tracing::Span::current(), &outcome, elapsed);
-                runtime.count_answer(Some(tool), &outcome, elapsed);
+                count_answer(runtime.metrics.as_deref(), Some(tool), &outcome, elapsed);
             }
             .instrument(span),
         );
@@ -579,14 +585,6 @@ impl Runtime {
                 }
             }
             changed.await;
-        }
-    }
-
-    /// Counts an answered call for `/metrics`, when they are on.
-    fn count_answer(&self, tool: Option<&'static str>, outcome: &Outcome, elapsed: Duration) {
-        if let Some(metrics) = &self.metrics {
-            let status = outcome.response.status;
-            metrics.execution_answered(tool, status, outcome.replayed, elapsed);
         }
     }
 
@@ -1492,6 +1490,19 @@ fn emit_started(events: Option<&EventSender>, execution_id: &Arc<str>, tool: &st
 
 /// An execution that took this long is logged at INFO even when it completed.
 const SLOW: Duration = Duration::from_secs(1);
+
+/// Counts an answered call for `/metrics`, when they are on.
+fn count_answer(
+    metrics: Option<&Metrics>,
+    tool: Option<&'static str>,
+    outcome: &Outcome,
+    elapsed: Duration,
+) {
+    if let Some(metrics) = metrics {
+        let status = outcome.response.status;
+        metrics.execution_answered(tool, status, outcome.replayed, elapsed);
+    }
+}
 
 /// Records the outcome on the execution's span, and logs it: a call that completed quickly at
 /// DEBUG (the usual case costs nothing at the default INFO), any other at INFO with its

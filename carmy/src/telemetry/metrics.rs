@@ -238,10 +238,14 @@ impl Metrics {
         text
     }
 
-    /// An HTTP request began; it counts as active until the guard is dropped.
-    pub(crate) fn http_request(&self) -> Active<'_> {
+    /// An HTTP request began: it counts as active until [`Metrics::http_request_ended`].
+    pub(crate) fn http_request_began(&self) {
         self.http_active.inc();
-        Active(&self.http_active)
+    }
+
+    /// An HTTP request was answered, or given up when its client went away.
+    pub(crate) fn http_request_ended(&self) {
+        self.http_active.dec();
     }
 
     /// An HTTP request was answered. `method`: a known method's name or `_OTHER`; `route`: the
