@@ -60,6 +60,18 @@ fn sample<'a>(scrape: &'a Scrape, name: &str, labels: &[(&str, &str)]) -> &'a Sa
     found[0]
 }
 
+/// No execution in flight, and no request but the scrape itself.
+fn assert_only_the_scrape_in_flight(scrape: &Scrape) {
+    assert_eq!(
+        number(sample(scrape, "carmy_executions_in_flight", &[])),
+        0.0
+    );
+    assert_eq!(
+        number(sample(scrape, "http_server_active_requests", &[])),
+        1.0
+    );
+}
+
 fn number(sample: &Sample) -> f64 {
     match &sample.value {
         Reading::Counter(value) | Reading::Gauge(value) | Reading::Untyped(value) => *value,
@@ -127,15 +139,7 @@ async fn executions_replays_and_requests_are_counted_with_catalog_labels() {
         number(sample(&scrape, "carmy_idempotency_replays_total", &[])),
         1.0
     );
-    assert_eq!(
-        number(sample(&scrape, "carmy_executions_in_flight", &[])),
-        0.0
-    );
-    // The scrape itself is the one request in flight.
-    assert_eq!(
-        number(sample(&scrape, "http_server_active_requests", &[])),
-        1.0
-    );
+    assert_only_the_scrape_in_flight(&scrape);
     let (count, _) = histogram(sample(
         &scrape,
         "carmy_execution_duration_seconds",
@@ -186,16 +190,7 @@ async fn a_request_given_up_is_no_longer_active() {
         answered = answering => panic!("answered: {:?}", answered.map(|response| response.status())),
         () = probe.wait_runs(1) => {}
     }
-    let scrape = scrape(&router).await;
-    // The scrape itself is the one request in flight.
-    assert_eq!(
-        number(sample(&scrape, "http_server_active_requests", &[])),
-        1.0
-    );
-    assert_eq!(
-        number(sample(&scrape, "carmy_executions_in_flight", &[])),
-        0.0
-    );
+    assert_only_the_scrape_in_flight(&scrape(&router).await);
 }
 
 #[tokio::test]
