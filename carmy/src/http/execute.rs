@@ -73,7 +73,7 @@ fn empty_object() -> Value {
 ///
 /// Reading owns the request's head while it reads the body, then hands it back; the answer's
 /// future, which needs none of it, then takes its place. An async block would keep the head
-/// beside that future, and a function's future is stored inside its caller's.
+/// beside that future, and this future is stored inside the gate's, boxed per request.
 pub(crate) fn execute(
     state: ExecuteState,
     request: Request,
@@ -102,7 +102,7 @@ pub(super) fn snapshot_of(parts: &Parts, current: &Current) -> (Arc<Catalog>, bo
 /// Runs a parsed call and answers with JSON or, when the client accepts them, Server-Sent
 /// Events: every route that executes answers through here.
 ///
-/// The headers are read at once: the future keeps nothing of the request, and this future
+/// The headers are read at once, so the future keeps nothing of the request. The future
 /// stands for the client: dropped when it goes away, it cancels the execution.
 pub(super) fn answer(
     state: ExecuteState,
