@@ -2,12 +2,13 @@
 
 mod outbox;
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasher;
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use hashbrown::HashTable;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -52,9 +53,9 @@ const MAX_SHARDS: usize = 64;
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     limits: Limits,
-    /// Picks a key's shard: foldhash, seeded per process, rather than SipHash, which each
-    /// shard's table keeps against colliding keys.
-    shard_hasher: foldhash::quality::RandomState,
+    /// Hashes a key once per operation: the hash picks its shard and finds it in the shard's
+    /// table. SipHash, randomly keyed, as `HashMap`'s, against keys chosen to collide.
+    hasher: RandomState,
     executions: ProcessExecutions,
     outbox: MemoryOutbox,
 }
@@ -66,9 +67,10 @@ struct Limits {
     bytes: usize,
 }
 
-#[derive(Default)]
 struct Shard {
-    records: HashMap<IdempotencyKey, Record>,
+    /// Found by [`MemoryStore::hasher`]'s hash of the record's key.
+    records: HashTable<Record>,
+    hasher: RandomState,
     /// The sum of the records' [`weight`]s.
     bytes: usize,
     /// Finished records, oldest first, as (key, generation); entries whose record has since
@@ -78,6 +80,7 @@ struct Shard {
 }
 
 struct Record {
+    key: IdempotencyKey,
     /// The recorded call's tool, reported on a conflict.
     tool: Arc<str>,
     /// The first half of the fingerprint's SHA-256: 128 bits tell calls apart as surely, and
@@ -173,17 +176,21 @@ impl MemoryStore {
             records: capacity.div_ceil(shard_count),
             bytes: max_bytes / shard_count,
         };
+        let hasher = RandomState::new();
         MemoryStore {
             shards: (0..shard_count)
                 .map(|_| {
                     Mutex::new(Shard {
-                        records: HashMap::with_capacity(limits.records.min(RECORDS_PER_SHARD)),
-                        ..Shard::default()
+                        records: HashTable::with_capacity(limits.records.min(RECORDS_PER_SHARD)),
+                        hasher: hasher.clone(),
+                        bytes: 0,
+                        finished: VecDeque::new(),
+                        next_generation: 0,
                     })
                 })
                 .collect(),
             limits,
-            shard_hasher: foldhash::quality::RandomState::default(),
+            hasher,
             executions: ProcessExecutions::new(max_bytes),
             outbox: MemoryOutbox::new(max_bytes),
         }
@@ -223,9 +230,13 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard(&self, key: &IdempotencyKey) -> MutexGuard<'_, Shard> {
-        let index = (self.shard_hasher.hash_one(key) as usize) % self.shards.len();
-        self.lock(index)
+    /// The key's hash, and its shard, locked.
+    fn shard(&self, key: &IdempotencyKey) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.hasher.hash_one(key);
+        // The hash's middle bits: the table takes its low bits for a bucket and its top seven
+        // for a tag, which would otherwise be alike for every key of a shard.
+        let index = ((hash >> 32) as usize) % self.shards.len();
+        (hash, self.lock(index))
     }
 
     fn lock(&self, index: usize) -> MutexGuard<'_, Shard> {
@@ -239,13 +250,14 @@ impl MemoryStore {
 impl Shard {
     fn reserve(
         &mut self,
+        hash: u64,
         key: &IdempotencyKey,
         claim: Claim<'_>,
         limits: Limits,
         now: Instant,
     ) -> Reservation {
         let generation = self.next_generation();
-        if let Some(record) = self.records.get_mut(key) {
+        if let Some(record) = self.records.find_mut(hash, |record| record.key == *key) {
             if record.expires_at > now {
                 if record.tool != claim.fingerprint.tool
                     || record.digest != short_digest(claim.fingerprint)
@@ -292,16 +304,18 @@ impl Shard {
                     }
                 }
             }
-            self.remove(key);
+            self.remove(hash, key);
         }
         let bytes = weight(key, &claim.fingerprint.tool, claim.execution_id, None);
         if !self.make_room(limits, bytes, None, now) {
             return Reservation::Full;
         }
         let lease_until = now + claim.lease;
-        self.records.insert(
-            key.clone(),
+        let hasher = &self.hasher;
+        self.records.insert_unique(
+            hash,
             Record {
+                key: key.clone(),
                 tool: claim.fingerprint.tool.clone(),
                 digest: short_digest(claim.fingerprint),
                 state: State::Running {
@@ -314,6 +328,7 @@ impl Shard {
                 generation,
                 bytes,
             },
+            |record| hasher.hash_one(&record.key),
         );
         self.bytes += bytes;
         Reservation::Reserved
@@ -321,6 +336,7 @@ impl Shard {
 
     fn finish(
         &mut self,
+        hash: u64,
         key: &IdempotencyKey,
         finish: Finish,
         limits: Limits,
@@ -330,7 +346,7 @@ impl Shard {
         let generation = self.next_generation();
         let Some(record) = self
             .records
-            .get_mut(key)
+            .find_mut(hash, |record| record.key == *key)
             .filter(|record| *record.execution_id() == *finish.execution_id())
         else {
             return;
@@ -352,7 +368,7 @@ impl Shard {
         record.generation = generation;
         self.queue_finished(key, generation);
         if !self.make_room(limits, 0, Some(key), now)
-            && let Some(record) = self.records.get_mut(key)
+            && let Some(record) = self.records.find_mut(hash, |record| record.key == *key)
         {
             // This answer alone is over the shard's part of the bound: keep that the call
             // happened, not what it answered.
@@ -370,19 +386,17 @@ impl Shard {
     }
 
     /// Frees `key` if `execution_id` still holds it.
-    fn release(&mut self, key: &IdempotencyKey, execution_id: &str) {
-        if self
-            .records
-            .get(key)
-            .is_some_and(|record| **record.execution_id() == *execution_id)
+    fn release(&mut self, hash: u64, key: &IdempotencyKey, execution_id: &str) {
+        if let Ok(entry) = self.records.find_entry(hash, |record| record.key == *key)
+            && **entry.get().execution_id() == *execution_id
         {
-            self.remove(key);
+            self.bytes -= entry.remove().0.bytes;
         }
     }
 
-    fn remove(&mut self, key: &IdempotencyKey) {
-        if let Some(record) = self.records.remove(key) {
-            self.bytes -= record.bytes;
+    fn remove(&mut self, hash: u64, key: &IdempotencyKey) {
+        if let Ok(entry) = self.records.find_entry(hash, |record| record.key == *key) {
+            self.bytes -= entry.remove().0.bytes;
         }
     }
 
@@ -415,12 +429,11 @@ impl Shard {
                 self.finished.push_front((key, generation));
                 break;
             }
-            let current = self
-                .records
-                .get(&key)
-                .is_some_and(|record| record.generation == generation);
-            if current {
-                self.remove(&key);
+            let hash = self.hasher.hash_one(&key);
+            if let Ok(entry) = self.records.find_entry(hash, |record| {
+                record.key == key && record.generation == generation
+            }) {
+                self.bytes -= entry.remove().0.bytes;
             }
         }
         if !fits(self) {
@@ -433,7 +446,7 @@ impl Shard {
     fn purge_expired(&mut self, now: Instant) -> usize {
         let before = self.records.len();
         let bytes = &mut self.bytes;
-        self.records.retain(|_, record| {
+        self.records.retain(|record| {
             let keep = record.expires_at > now;
             if !keep {
                 *bytes -= record.bytes;
@@ -446,10 +459,10 @@ impl Shard {
 
     /// Drops queue entries whose record has changed or gone.
     fn compact_finished(&mut self) {
-        let records = &self.records;
+        let (records, hasher) = (&self.records, &self.hasher);
         self.finished.retain(|(key, generation)| {
             records
-                .get(key)
+                .find(hasher.hash_one(key), |record| record.key == *key)
                 .is_some_and(|record| record.generation == *generation)
         });
     }
@@ -468,8 +481,7 @@ fn weight(
     execution_id: &str,
     response: Option<&StoredResponse>,
 ) -> usize {
-    const FIXED: usize = size_of::<IdempotencyKey>()
-        + size_of::<Record>()
+    const FIXED: usize = size_of::<Record>()
         + size_of::<(IdempotencyKey, u64)>()
         + size_of::<StoredResponse>()
         // Four `Arc` headers and a hash table's control byte and slack.
@@ -506,9 +518,9 @@ impl IdempotencyStore for MemoryStore {
             lease,
             ttl,
         };
-        let reservation = self
-            .shard(key)
-            .reserve(key, claim, self.limits, Instant::now());
+        let (hash, mut shard) = self.shard(key);
+        let reservation = shard.reserve(hash, key, claim, self.limits, Instant::now());
+        drop(shard);
         Box::pin(std::future::ready(Ok(reservation)))
     }
 
@@ -518,8 +530,8 @@ impl IdempotencyStore for MemoryStore {
         finish: Finish,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.shard(key)
-            .finish(key, finish, self.limits, Instant::now(), ttl);
+        let (hash, mut shard) = self.shard(key);
+        shard.finish(hash, key, finish, self.limits, Instant::now(), ttl);
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -528,7 +540,8 @@ impl IdempotencyStore for MemoryStore {
         key: &'a IdempotencyKey,
         execution_id: &'a str,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.shard(key).release(key, execution_id);
+        let (hash, mut shard) = self.shard(key);
+        shard.release(hash, key, execution_id);
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -669,5 +682,95 @@ impl IdempotencyStore for MemoryStore {
 
     fn pending_deliveries(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(std::future::ready(Ok(self.outbox.pending_deliveries())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::runtime::ExecutionStatus;
+
+    /// Reserves and finishes `request_id` as `caller`.
+    fn record(store: &MemoryStore, caller: &str, request_id: &str) {
+        let key = IdempotencyKey::new(caller, request_id);
+        let fingerprint = Fingerprint {
+            tool: Arc::from("tool"),
+            digest: [7; 32],
+        };
+        let execution_id: Arc<str> = Arc::from(format!("exec_{request_id}"));
+        let ttl = Duration::from_secs(60);
+        let reserved = futures_util::FutureExt::now_or_never(store.reserve(
+            &key,
+            &fingerprint,
+            &execution_id,
+            ttl,
+            ttl,
+        ));
+        assert!(matches!(reserved, Some(Ok(Reservation::Reserved))));
+        let response = StoredResponse {
+            execution_id,
+            status: ExecutionStatus::Completed,
+            category: None,
+            code: None,
+            body: Bytes::from_static(b"{}"),
+        };
+        let finished = store.finish(&key, Finish::Response(response), ttl);
+        assert!(matches!(
+            futures_util::FutureExt::now_or_never(finished),
+            Some(Ok(()))
+        ));
+    }
+
+    #[tokio::test]
+    async fn keys_spread_over_every_shard() {
+        // Keys that went to a few of the 64 shards would evict each other long before the store
+        // is full. Spread evenly, over 99 in 100 stay when it is filled to its capacity.
+        let capacity = MAX_SHARDS * RECORDS_PER_SHARD;
+        let store = MemoryStore::with_limits(capacity, MAX_SHARDS * MIN_SHARD_BYTES);
+        assert_eq!(store.shards.len(), MAX_SHARDS);
+        for number in 0..capacity {
+            record(&store, "caller", &format!("req-{number}"));
+        }
+        let kept = store.len();
+        assert!(kept >= capacity * 97 / 100, "kept {kept} of {capacity}");
+        let fullest = (0..store.shards.len())
+            .map(|index| store.lock(index).records.len())
+            .max();
+        assert_eq!(fullest, Some(RECORDS_PER_SHARD));
+    }
+
+    #[tokio::test]
+    async fn the_newest_records_are_found_after_evictions() {
+        let store = MemoryStore::with_limits(3, MIN_SHARD_BYTES);
+        for number in 0..10 {
+            record(&store, "caller", &format!("req-{number}"));
+        }
+        // The oldest were evicted; the newest three are replayed.
+        assert_eq!(store.len(), 3);
+        for number in 7..10 {
+            let key = IdempotencyKey::new("caller", format!("req-{number}"));
+            let fingerprint = Fingerprint {
+                tool: Arc::from("tool"),
+                digest: [7; 32],
+            };
+            let execution_id: Arc<str> = Arc::from("exec_other");
+            let found = futures_util::FutureExt::now_or_never(store.reserve(
+                &key,
+                &fingerprint,
+                &execution_id,
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            ));
+            match found {
+                Some(Ok(Reservation::Finished(response))) => {
+                    assert_eq!(&*response.execution_id, format!("exec_req-{number}"));
+                }
+                _ => panic!("req-{number} was not replayed"),
+            }
+        }
+        // An evicted key is free again.
+        record(&store, "caller", "req-0");
     }
 }
