@@ -491,6 +491,10 @@ fn requested_format(uri: &axum::http::Uri) -> Result<Option<Provider>, ToolError
 /// `If-None-Match` uses weak comparison (RFC 9110 §13.1.2): `W/` prefixes are ignored, `*`
 /// matches any current representation, and the value may be a comma-separated list.
 fn if_none_match_matches(header: &HeaderValue, etag: &HeaderValue) -> bool {
+    // The usual form: the one tag this client was sent, as it was sent.
+    if header == etag {
+        return true;
+    }
     let Ok(header) = header.to_str() else {
         return false;
     };
