@@ -45,12 +45,14 @@ impl std::fmt::Debug for Settings {
 }
 
 /// What the protection gate attaches to a request it admits: the configuration snapshot the
-/// request is served under, and its caller. One extension rather than two: each is an entry
-/// of its own, boxed, in the request's extension map.
+/// request is served under, its caller, and which of the headers carmy reads it carries. One
+/// extension rather than several: each is an entry of its own, boxed, in the request's
+/// extension map.
 #[derive(Clone)]
 pub(crate) struct Admitted {
     pub(crate) settings: Arc<Settings>,
     pub(crate) principal: Principal,
+    pub(crate) present: crate::http::Present,
 }
 
 impl Admitted {

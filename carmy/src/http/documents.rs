@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::Present;
 use super::requester::{VARY_REQUESTER, requester};
 use crate::auth::hex;
 use crate::catalog::{self, Catalog, Lossy, Provider, ToolDefinition};
@@ -440,7 +441,8 @@ pub(crate) async fn discovery(current: Current, request: Request) -> Response {
             .discovery
             .respond(request.headers(), secured);
     }
-    let mut response = match requester(request.headers()) {
+    let present = Present::in_request(request.extensions(), request.headers());
+    let mut response = match requester(request.headers(), present) {
         Ok(Requester::Human) => (
             StatusCode::SEE_OTHER,
             [

@@ -23,6 +23,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use super::error::status_for;
 use super::requester::requester;
 use super::sse;
+use super::{Known, Present};
 use crate::catalog::Catalog;
 use crate::context::{Event, EventReceiver, event_channel};
 use crate::executions::running_body;
@@ -81,12 +82,13 @@ pub(crate) fn execute(
     let (parts, body) = request.into_parts();
     let (catalog, secured) = snapshot_of(&parts, &state.current);
     let principal = Admitted::caller_or_anonymous(&parts.extensions);
+    let present = Present::in_request(&parts.extensions, &parts.headers);
     let reading = async move {
-        let call = read_call(&parts.headers, body, principal, catalog).await;
+        let call = read_call(&parts.headers, present, body, principal, catalog).await;
         (parts, call)
     };
     reading.then(move |(parts, call)| match call {
-        Ok(call) => Either::Left(answer(state, &parts.headers, call, secured)),
+        Ok(call) => Either::Left(answer(state, &parts.headers, present, call, secured)),
         Err(error) => Either::Right(ready(error.into_response())),
     })
 }
@@ -102,18 +104,20 @@ pub(super) fn snapshot_of(parts: &Parts, current: &Current) -> (Arc<Catalog>, bo
 /// Runs a parsed call and answers with JSON or, when the client accepts them, Server-Sent
 /// Events: every route that executes answers through here.
 ///
-/// The headers are read at once, so the future keeps nothing of the request. The future
-/// stands for the client: dropped when it goes away, it cancels the execution.
+/// The headers (of which `present`) are read at once, so the future keeps nothing of the
+/// request. The future stands for the client: dropped when it goes away, it cancels the
+/// execution.
 pub(super) fn answer(
     state: ExecuteState,
     headers: &HeaderMap,
+    present: Present,
     call: Call,
     secured: bool,
 ) -> impl Future<Output = Response> + Send + use<> {
-    if wants_event_stream(headers) {
+    if present.has(Known::Accept) && wants_event_stream(headers) {
         return Either::Left(ready(stream(state, call)));
     }
-    let prefer_async = prefers_async(headers);
+    let prefer_async = present.has(Known::Prefer) && prefers_async(headers);
     let delivery = Delivery {
         cancel: None,
         events: None,
@@ -160,6 +164,7 @@ fn accepted_response(accepted: &Accepted, prefer_async: bool) -> Response {
 /// Checks the content type, reads at most [`MAX_BODY_BYTES`], and parses the request.
 async fn read_call(
     headers: &HeaderMap,
+    present: Present,
     body: Body,
     principal: Principal,
     catalog: Arc<Catalog>,
@@ -167,7 +172,7 @@ async fn read_call(
     require_json(headers)?;
     let bytes = read_body(headers, body).await?;
     let body: ExecuteBody = parse_body(&bytes)?;
-    let header_key = idempotency_key(headers)?;
+    let header_key = idempotency_key(headers, present)?;
     let request_id = match (body.request_id, header_key) {
         (Some(body_id), Some(header_id)) if body_id != header_id => {
             return Err(ToolError::invalid_request(
@@ -185,7 +190,7 @@ async fn read_call(
         arguments: body.arguments,
         request_id,
         principal,
-        requester: requester(headers)?,
+        requester: requester(headers, present)?,
     })
 }
 
@@ -236,7 +241,13 @@ pub(super) fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ToolErr
 }
 
 /// The `Idempotency-Key` header: several that differ are refused, never "first wins".
-pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ToolError> {
+pub(super) fn idempotency_key(
+    headers: &HeaderMap,
+    present: Present,
+) -> Result<Option<String>, ToolError> {
+    if !present.has(Known::IdempotencyKey) {
+        return Ok(None);
+    }
     let mut key: Option<&str> = None;
     for value in headers.get_all(&IDEMPOTENCY_KEY) {
         let value = value.to_str().map_err(|_| {

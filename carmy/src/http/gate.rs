@@ -15,7 +15,6 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request};
 use axum::handler::{Handler, HandlerService};
-use axum::http::header::ORIGIN;
 use axum::http::{HeaderName, Method};
 use axum::response::Response;
 use axum::routing::{MethodFilter, MethodRouter};
@@ -28,6 +27,7 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_http::cors::CorsLayer;
 use tracing::Instrument;
 
+use super::{Known, Present};
 use crate::protection;
 use crate::settings::Current;
 use crate::telemetry::{self, Metrics, TraceParent};
@@ -196,8 +196,9 @@ where
         // CORS only for a request that carries an `Origin` while origins are configured: any
         // other request skips it (and its `Vary` headers), and a preflight while CORS is off is
         // carmy's JSON `405` like any other unrouted method.
+        let present = Present::of(request.headers());
         let cross_origin = !self.cors_applied
-            && request.headers().contains_key(ORIGIN)
+            && present.has(Known::Origin)
             && !self
                 .shared
                 .current
@@ -213,7 +214,7 @@ where
         // The service that was polled ready answers; a clone stays for the next request.
         let ready = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, ready);
-        Box::pin(Arc::clone(&self.shared).pass(inner, request))
+        Box::pin(Arc::clone(&self.shared).pass(inner, request, present))
     }
 }
 
@@ -232,6 +233,7 @@ impl Shared {
         self: Arc<Self>,
         inner: S,
         request: Request,
+        present: Present,
     ) -> impl Future<Output = Result<Response, Infallible>>
     where
         S: Service<Request, Response = Response, Error = Infallible>,
@@ -246,12 +248,17 @@ impl Shared {
         };
         let method = method_label(&parts.method);
         let matched = parts.extensions.get::<MatchedPath>().cloned();
-        let mut traceparents = parts.headers.get_all(&TRACEPARENT).iter();
         // Several `traceparent`s are malformed, as the specification says: a new trace.
-        let parent = match (traceparents.next(), traceparents.next()) {
-            (Some(value), None) => value.to_str().ok().and_then(TraceParent::parse),
-            _ => None,
-        };
+        let parent = present
+            .has(Known::Traceparent)
+            .then(|| {
+                let mut traceparents = parts.headers.get_all(&TRACEPARENT).iter();
+                match (traceparents.next(), traceparents.next()) {
+                    (Some(value), None) => value.to_str().ok().and_then(TraceParent::parse),
+                    _ => None,
+                }
+            })
+            .flatten();
         let route = matched.as_ref().map(MatchedPath::as_str);
         let span = telemetry::server_span(method, route, parent.as_ref());
         let routed = move |request| {
@@ -259,7 +266,7 @@ impl Shared {
                 .oneshot(request)
                 .map(|answered| answered.unwrap_or_else(|never| match never {}))
         };
-        let guarded = protection::guard(&self.current, parts, body, routed);
+        let guarded = protection::guard(&self.current, parts, body, present, routed);
         let answering = Answering::begin(self);
         guarded.instrument(span.clone()).map(move |response| {
             let status = response.status().as_u16();

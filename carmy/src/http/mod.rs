@@ -15,6 +15,7 @@ mod gate;
 mod health;
 mod metrics;
 mod openapi;
+mod present;
 mod requester;
 mod sse;
 
@@ -35,6 +36,7 @@ pub(crate) use documents::{Documents, Features};
 pub(crate) use gate::GateLayer;
 pub(crate) use health::is_probe;
 pub(crate) use metrics::METRICS_PATH;
+pub(crate) use present::{Known, Present};
 
 /// The headers of an answer, at most: its own four, the gate's five (the version, the security
 /// headers), `Content-Length`. A route that reserves this much allocates its header map once,

@@ -6,6 +6,7 @@ use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::Present;
 use super::execute::{self, ExecuteState};
 use super::requester::requester;
 use crate::runtime::{self, Call};
@@ -26,6 +27,7 @@ pub(crate) async fn document(current: Current, request: Request) -> Response {
 pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
     let (catalog, secured) = execute::snapshot_of(&parts, &state.current);
+    let present = Present::in_request(&parts.extensions, &parts.headers);
     let call = async {
         let Path(tool) = Path::<String>::from_request_parts(&mut parts, &())
             .await
@@ -37,7 +39,7 @@ pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Reques
             execute::require_json(&parts.headers)?;
             execute::parse_body(&bytes)?
         };
-        let request_id = execute::idempotency_key(&parts.headers)?;
+        let request_id = execute::idempotency_key(&parts.headers, present)?;
         if let Some(request_id) = &request_id {
             runtime::check_request_id(request_id)?;
         }
@@ -46,12 +48,12 @@ pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Reques
             arguments,
             request_id,
             principal: Admitted::caller_or_anonymous(&parts.extensions),
-            requester: requester(&parts.headers)?,
+            requester: requester(&parts.headers, present)?,
             catalog,
         })
     };
     match call.await {
-        Ok(call) => execute::answer(state, &parts.headers, call, secured).await,
+        Ok(call) => execute::answer(state, &parts.headers, present, call, secured).await,
         Err(error) => error.into_response(),
     }
 }

@@ -4,6 +4,7 @@
 use axum::http::{HeaderMap, HeaderValue};
 
 use super::accept::media_ranges;
+use super::{Known, Present};
 use crate::context::Requester;
 use crate::tool_error::ToolError;
 use crate::wire::CARMY_CHANNEL;
@@ -11,20 +12,24 @@ use crate::wire::CARMY_CHANNEL;
 /// The headers a negotiated response varies on.
 pub(super) static VARY_REQUESTER: HeaderValue = HeaderValue::from_static("Accept, Carmy-Channel");
 
-/// The requester of a request with `headers`; a `Carmy-Channel` that is neither `human` nor
-/// `agent` (or sent twice) is refused rather than guessed.
-pub(super) fn requester(headers: &HeaderMap) -> Result<Requester, ToolError> {
-    let mut channels = headers.get_all(&CARMY_CHANNEL).iter();
-    if let Some(channel) = channels.next() {
-        return match (channel.to_str().map(str::trim), channels.next()) {
-            (Ok(value), None) if value.eq_ignore_ascii_case("human") => Ok(Requester::Human),
-            (Ok(value), None) if value.eq_ignore_ascii_case("agent") => Ok(Requester::Agent),
+/// The requester of a request with `headers` (of which `present`); a `Carmy-Channel` that is
+/// neither `human` nor `agent` (or sent twice) is refused rather than guessed.
+pub(super) fn requester(headers: &HeaderMap, present: Present) -> Result<Requester, ToolError> {
+    if present.has(Known::CarmyChannel) {
+        let mut channels = headers.get_all(&CARMY_CHANNEL).iter();
+        return match (channels.next().map(HeaderValue::to_str), channels.next()) {
+            (Some(Ok(value)), None) if value.trim().eq_ignore_ascii_case("human") => {
+                Ok(Requester::Human)
+            }
+            (Some(Ok(value)), None) if value.trim().eq_ignore_ascii_case("agent") => {
+                Ok(Requester::Agent)
+            }
             _ => Err(ToolError::invalid_request(
                 "Carmy-Channel must be `human` or `agent`, once",
             )),
         };
     }
-    Ok(if prefers_html(headers) {
+    Ok(if present.has(Known::Accept) && prefers_html(headers) {
         Requester::Human
     } else {
         Requester::Agent
@@ -97,7 +102,7 @@ mod tests {
         for &(name, value) in pairs {
             headers.append(name, HeaderValue::from_static(value));
         }
-        requester(&headers)
+        requester(&headers, Present::of(&headers))
     }
 
     const CHROMIUM: &str = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,\

@@ -24,7 +24,7 @@ use serde_json::json;
 use tower_http::cors::CorsLayer;
 
 use crate::auth::{self, Authenticator};
-use crate::http::{METRICS_PATH, is_console, is_probe};
+use crate::http::{Known, METRICS_PATH, Present, is_console, is_probe};
 use crate::principal::{Principal, TrustLevel};
 use crate::settings::{Admitted, Current};
 use crate::telemetry::Metrics;
@@ -110,9 +110,11 @@ impl Default for Protection {
 
 impl Protection {
     /// Version, then caller, then budget: the caller, admitted.
-    async fn admit(&self, parts: &Parts) -> Result<Principal, ToolError> {
-        check_version(&parts.headers)?;
-        if parts.headers.get_all(ORIGIN).iter().nth(1).is_some() {
+    async fn admit(&self, parts: &Parts, present: Present) -> Result<Principal, ToolError> {
+        if present.has(Known::CarmyVersion) {
+            check_version(&parts.headers)?;
+        }
+        if present.has(Known::Origin) && parts.headers.get_all(ORIGIN).iter().nth(1).is_some() {
             return Err(ToolError::invalid_request(
                 "the request has more than one Origin",
             ));
@@ -190,12 +192,15 @@ impl PeerKey {
 /// The request comes in parts: admission reads them, and an admitted request carries its
 /// [`Admitted`] (the snapshot and the caller) to its route.
 ///
+/// `present`: the headers carmy reads that the request carries, found once by the gate.
+///
 /// Admission owns the parts while it reads them and hands them back; the route's future then
 /// takes their place, where an async block would keep them beside it.
 pub(crate) fn guard<Route, Answered>(
     current: &Current,
     parts: Parts,
     body: Body,
+    present: Present,
     route: Route,
 ) -> impl Future<Output = Response> + use<Route, Answered>
 where
@@ -206,7 +211,7 @@ where
     let security_headers = settings.protection.security_headers;
     let refuse = refusal_for(parts.uri.path());
     let admission = async move {
-        let admitted = settings.protection.admit(&parts).await;
+        let admitted = settings.protection.admit(&parts, present).await;
         (parts, settings, admitted)
     };
     admission
@@ -215,6 +220,7 @@ where
                 parts.extensions.insert(Admitted {
                     settings,
                     principal,
+                    present,
                 });
                 Either::Left(route(Request::from_parts(parts, body)))
             }
