@@ -196,11 +196,15 @@ async fn read_call(
 
 /// A body that is not JSON is refused before it is read.
 pub(super) fn require_json(headers: &HeaderMap) -> Result<(), ToolError> {
-    let is_json = headers
-        .get(CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+    // The type before any parameter, read as bytes: the usual value has no `;` to look for.
+    let is_json = headers.get(CONTENT_TYPE).is_some_and(|value| {
+        let essence = value.as_bytes().split(|&byte| byte == b';').next();
+        essence.is_some_and(|essence| {
+            essence
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"application/json")
+        })
+    });
     if is_json {
         Ok(())
     } else {
@@ -414,5 +418,30 @@ impl EventStream {
         let id = self.next_id;
         self.next_id += 1;
         sse::append(frames, name, id, data);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_json_with_any_parameters_is_json() {
+        let is_json = |value: Option<&'static str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert(CONTENT_TYPE, HeaderValue::from_static(value));
+            }
+            require_json(&headers).is_ok()
+        };
+        assert!(is_json(Some("application/json")));
+        assert!(is_json(Some("Application/JSON")));
+        assert!(is_json(Some(" application/json ; charset=utf-8")));
+        assert!(is_json(Some("application/json;")));
+        assert!(!is_json(Some("application/jsonx")));
+        assert!(!is_json(Some("application/json-patch+json")));
+        assert!(!is_json(Some("text/plain; application/json")));
+        assert!(!is_json(Some("")));
+        assert!(!is_json(None));
     }
 }
