@@ -386,6 +386,7 @@ impl Document {
 
 /// `200` with `body`, or `304` with no body when the client's `If-None-Match` matches `etag`;
 /// both carry the validator and `cache_control`.
+#[cfg(feature = "console")]
 pub(super) fn conditional(
     request: &HeaderMap,
     etag: &HeaderValue,
