@@ -406,6 +406,65 @@ async fn cors_is_off_by_default_and_allows_only_configured_origins() {
     assert_eq!(plain.header("x-content-type-options"), None);
 }
 
+/// A request with two `Origin` headers could pass a CORS check on one and be judged by the
+/// other: it is refused before anything runs or any budget is spent, with CORS on or off, and
+/// whatever the case of the names.
+#[tokio::test(start_paused = true)]
+async fn a_request_with_two_origins_is_refused_and_runs_nothing() {
+    let counted = json!({ "tool": "count", "arguments": { "text": "once" } });
+    for cors in [false, true] {
+        let probe = Probe::default();
+        let mut app = app(&probe).rate_limit(
+            TrustLevel::Anonymous,
+            RateLimit {
+                requests: 1,
+                window: Duration::from_secs(60),
+            },
+        );
+        if cors {
+            app = app.cors_allowed_origin("https://app.example.com");
+        }
+        let router = app.router().unwrap();
+        let pairs = [
+            ["https://app.example.com", "https://evil.example"],
+            ["https://app.example.com", "https://app.example.com"],
+        ];
+        for [first, second] in pairs {
+            let mut request = execute_request(&counted, &[("Origin", first)]);
+            request
+                .headers_mut()
+                .append("ORIGIN", second.parse().unwrap());
+            let refused = send(&router, from_peer(request, [10, 0, 0, 7])).await;
+            assert_eq!(refused.status, StatusCode::BAD_REQUEST, "cors {cors}");
+            assert_eq!(refused.header("carmy-version"), Some("1.0"));
+            let error = &refused.json()["error"];
+            assert_eq!(error["code"], "INVALID_REQUEST");
+            assert_eq!(error["message"], "the request is malformed");
+            assert_eq!(
+                error["details"]["reason"],
+                "the request has more than one Origin"
+            );
+            assert_eq!(error["retryable"], false);
+            assert_eq!(
+                refused.header("access-control-allow-origin"),
+                None,
+                "cors {cors}"
+            );
+        }
+        assert_eq!(probe.runs(), 0, "a refused request ran the tool");
+
+        // The one request the budget allows is still there, and one Origin is served.
+        let single = execute_request(&counted, &[("origin", "https://app.example.com")]);
+        let served = send(&router, from_peer(single, [10, 0, 0, 7])).await;
+        assert_eq!(served.status, StatusCode::OK, "cors {cors}");
+        assert_eq!(probe.runs(), 1);
+        assert_eq!(
+            served.header("access-control-allow-origin"),
+            cors.then_some("https://app.example.com")
+        );
+    }
+}
+
 /// The answers whose headers are made once and copied (an execution's JSON, replayed or not, a
 /// document and its `304`) carry the gate's headers exactly once, per the configuration, and over a socket the
 /// length of their body (none with a `304`).
