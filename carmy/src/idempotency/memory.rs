@@ -387,15 +387,18 @@ impl Shard {
 
     /// Frees `key` if `execution_id` still holds it.
     fn release(&mut self, hash: u64, key: &IdempotencyKey, execution_id: &str) {
-        if let Ok(entry) = self.records.find_entry(hash, |record| record.key == *key)
-            && **entry.get().execution_id() == *execution_id
-        {
-            self.bytes -= entry.remove().0.bytes;
-        }
+        self.remove_if(hash, |record| {
+            record.key == *key && **record.execution_id() == *execution_id
+        });
     }
 
     fn remove(&mut self, hash: u64, key: &IdempotencyKey) {
-        if let Ok(entry) = self.records.find_entry(hash, |record| record.key == *key) {
+        self.remove_if(hash, |record| record.key == *key);
+    }
+
+    /// Drops the record of hash `hash` that `is_it` picks, if there is one, and its bytes.
+    fn remove_if(&mut self, hash: u64, is_it: impl Fn(&Record) -> bool) {
+        if let Ok(entry) = self.records.find_entry(hash, is_it) {
             self.bytes -= entry.remove().0.bytes;
         }
     }
@@ -430,11 +433,9 @@ impl Shard {
                 break;
             }
             let hash = self.hasher.hash_one(&key);
-            if let Ok(entry) = self.records.find_entry(hash, |record| {
+            self.remove_if(hash, |record| {
                 record.key == key && record.generation == generation
-            }) {
-                self.bytes -= entry.remove().0.bytes;
-            }
+            });
         }
         if !fits(self) {
             // Only running records remain; drop those that outlived their lease and ttl.
