@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::auth::Authenticator;
+use crate::auth::{Authentication, Authenticator};
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::context::TrustLevel;
@@ -17,7 +17,7 @@ use crate::http::{self, HttpSettings};
 use crate::idempotency::{IdempotencyStore, MemoryStore};
 #[cfg(feature = "mcp")]
 use crate::mcp::{self, McpHandler, McpSettings};
-use crate::protection::{Protection, RateLimit, RateLimiter};
+use crate::protection::{Limiter, Protection, RateLimit, RateLimiter};
 use crate::reload::{Reloader, Reloads};
 use crate::runtime::{Runtime, Settings};
 use crate::serve::{self, Server};
@@ -77,7 +77,7 @@ impl std::fmt::Debug for App {
             .field("name", &self.name)
             .field("tools", &self.tools.len())
             .field("settings", &self.settings)
-            .field("authenticator", &self.protection.authenticator.is_some())
+            .field("authenticator", &self.protection.authentication.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -163,7 +163,7 @@ impl App {
     /// Decides who is calling from the request head (when host middleware has not inserted a
     /// [`Principal`](crate::Principal)). Without one, callers are anonymous.
     pub fn authenticator(mut self, authenticator: impl Authenticator) -> Self {
-        self.protection.authenticator = Some(Arc::new(authenticator));
+        self.protection.authentication = Some(Authentication::Host(Arc::new(authenticator)));
         self
     }
 
@@ -216,7 +216,7 @@ impl App {
     /// [`MemoryRateLimiter`](crate::protection::MemoryRateLimiter)); a
     /// `RedisRateLimiter` shares them across replicas.
     pub fn rate_limiter(mut self, limiter: impl RateLimiter) -> Self {
-        self.protection.limiter = Arc::new(limiter);
+        self.protection.limiter = Limiter::Host(Arc::new(limiter));
         self
     }
 
@@ -505,7 +505,7 @@ impl App {
             self.health.clone(),
             &self.reloads,
         );
-        let limiter = Arc::clone(&self.protection.limiter);
+        let limiter = self.protection.limiter.host().cloned();
         let mut protection = self.protection;
         protection.metrics = runtime.metrics().cloned();
         let base = Base {

@@ -2,6 +2,8 @@
 //! the builder, or host middleware that inserts a [`Principal`] into the request's extensions.
 //! The request body never carries identity.
 
+use std::sync::Arc;
+
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use futures_util::future::BoxFuture;
@@ -31,22 +33,31 @@ pub fn unauthenticated(message: impl Into<std::borrow::Cow<'static, str>>) -> To
     ToolError::permission(codes::UNAUTHENTICATED, message)
 }
 
-/// The caller of `request`: the principal host middleware attached, else the authenticator's
-/// verdict, else anonymous.
+/// Who decides the caller of a request: the configuration's tokens, answered at once, or the
+/// host's [`Authenticator`], awaited (a boxed future on every request).
+#[derive(Clone)]
+pub(crate) enum Authentication {
+    Tokens(Arc<TokenAuthenticator>),
+    Host(Arc<dyn Authenticator>),
+}
+
+/// The caller of `request`: the principal host middleware attached, else the authentication's
+/// verdict, else anonymous. `authorized`: the request carries `Authorization`.
 pub(crate) async fn principal_of(
     request: &Parts,
-    authenticator: Option<&dyn Authenticator>,
+    authentication: Option<&Authentication>,
+    authorized: bool,
 ) -> Result<Principal, ToolError> {
     if let Some(principal) = request.extensions.get::<Principal>() {
         return Ok(principal.clone());
     }
-    match authenticator {
-        Some(authenticator) => Ok(authenticator
-            .authenticate(request)
-            .await?
-            .unwrap_or_default()),
-        None => Ok(Principal::anonymous()),
-    }
+    let verdict = match authentication {
+        Some(Authentication::Tokens(tokens)) if authorized => tokens.verdict(request)?,
+        Some(Authentication::Host(authenticator)) => authenticator.authenticate(request).await?,
+        // Without `Authorization`, the tokens have nothing to check.
+        Some(Authentication::Tokens(_)) | None => None,
+    };
+    Ok(verdict.unwrap_or_default())
 }
 
 /// How configuration stores a token: `sha256:` and the hex SHA-256 of the token, so the file
@@ -100,6 +111,19 @@ impl TokenAuthenticator {
         Ok(self)
     }
 
+    /// The caller of `request`: anonymous without `Authorization`, refused with a token that
+    /// is not known.
+    fn verdict(&self, request: &Parts) -> Result<Option<Principal>, ToolError> {
+        match request.headers.get(AUTHORIZATION) {
+            None => Ok(None),
+            Some(value) => bearer_token(value.as_bytes())
+                .and_then(|token| self.verify(token))
+                .cloned()
+                .map(Some)
+                .ok_or_else(|| unauthenticated("the bearer token is not valid")),
+        }
+    }
+
     /// The caller whose token is `token`: every digest is compared, so the time taken does not
     /// depend on which one matches, or how much of one.
     fn verify(&self, token: &[u8]) -> Option<&Principal> {
@@ -119,15 +143,7 @@ impl Authenticator for TokenAuthenticator {
         &'a self,
         request: &'a Parts,
     ) -> BoxFuture<'a, Result<Option<Principal>, ToolError>> {
-        let verdict = match request.headers.get(AUTHORIZATION) {
-            None => Ok(None),
-            Some(value) => bearer_token(value.as_bytes())
-                .and_then(|token| self.verify(token))
-                .cloned()
-                .map(Some)
-                .ok_or_else(|| unauthenticated("the bearer token is not valid")),
-        };
-        Box::pin(std::future::ready(verdict))
+        Box::pin(std::future::ready(self.verdict(request)))
     }
 }
 

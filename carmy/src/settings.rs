@@ -11,6 +11,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use axum::http::Extensions;
 
+use crate::auth::Authentication;
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::error::Error;
@@ -125,7 +126,8 @@ impl Base {
                     events: _,
                 } = config;
                 if let Some(tokens) = authenticator {
-                    protection.authenticator = Some(Arc::new(tokens.clone()));
+                    protection.authentication =
+                        Some(Authentication::Tokens(Arc::new(tokens.clone())));
                 }
                 protection.limits = *limits;
                 protection.trust_forwarded_for = *trust_forwarded_for;
@@ -150,7 +152,7 @@ impl Base {
         }
         let features = Features {
             mcp: self.mcp,
-            bearer: protection.authenticator.is_some(),
+            bearer: protection.authentication.is_some(),
             events: events_config.is_some(),
             console: cfg!(feature = "console"),
         };

@@ -20,7 +20,8 @@ const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// What the service depends on, checked when it lives outside the process.
 pub(crate) struct Dependencies {
     pub(crate) store: Arc<dyn IdempotencyStore>,
-    pub(crate) limiter: Arc<dyn RateLimiter>,
+    /// The host's limiter; carmy's own, in process, has nothing to check.
+    pub(crate) limiter: Option<Arc<dyn RateLimiter>>,
     /// Whether the configuration in force sets a rate limit: without one the limiter is never
     /// asked, so it is not checked either (a reload may change it).
     pub(crate) rate_limited: Box<dyn Fn() -> bool + Send + Sync>,
@@ -66,6 +67,7 @@ impl Dependencies {
             ),
             Dependency::RateLimiter => Some(
                 self.limiter
+                    .as_ref()?
                     .ping()?
                     .map(|result| result.map_err(|error| error.to_string()))
                     .boxed(),

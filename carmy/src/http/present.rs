@@ -11,6 +11,7 @@ use crate::settings::Admitted;
 #[repr(u8)]
 pub(crate) enum Known {
     Accept,
+    Authorization,
     CarmyChannel,
     CarmyVersion,
     IdempotencyKey,
@@ -24,6 +25,7 @@ impl Known {
     fn named(name: &str) -> Option<Known> {
         Some(match name {
             "accept" => Known::Accept,
+            "authorization" => Known::Authorization,
             "carmy-channel" => Known::CarmyChannel,
             "carmy-version" => Known::CarmyVersion,
             "idempotency-key" => Known::IdempotencyKey,
@@ -69,13 +71,14 @@ impl Present {
 #[cfg(test)]
 mod tests {
     use axum::http::HeaderValue;
-    use axum::http::header::{ACCEPT, CONTENT_TYPE, ORIGIN};
+    use axum::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, ORIGIN};
 
     use super::*;
     use crate::wire::{CARMY_CHANNEL, CARMY_VERSION, IDEMPOTENCY_KEY, PREFER};
 
-    const ALL: [Known; 7] = [
+    const ALL: [Known; 8] = [
         Known::Accept,
+        Known::Authorization,
         Known::CarmyChannel,
         Known::CarmyVersion,
         Known::IdempotencyKey,
@@ -88,6 +91,7 @@ mod tests {
     fn each_known_header_is_found_by_its_name_and_no_other() {
         let names = [
             ACCEPT.clone(),
+            AUTHORIZATION.clone(),
             CARMY_CHANNEL.clone(),
             CARMY_VERSION.clone(),
             IDEMPOTENCY_KEY.clone(),

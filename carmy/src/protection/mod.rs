@@ -23,7 +23,7 @@ use futures_util::future::Either;
 use serde_json::json;
 use tower_http::cors::CorsLayer;
 
-use crate::auth::{self, Authenticator};
+use crate::auth::{self, Authentication};
 use crate::http::{Known, METRICS_PATH, Present, is_console, is_probe};
 use crate::principal::{Principal, TrustLevel};
 use crate::settings::{Admitted, Current};
@@ -34,6 +34,7 @@ use crate::wire::{
     MCP_PROTOCOL_VERSION, MCP_SESSION_ID, X_FORWARDED_FOR, codes,
 };
 
+pub(crate) use rate_limit::Limiter;
 pub use rate_limit::{Decision, MemoryRateLimiter, RateLimit, RateLimiter};
 #[cfg(feature = "redis")]
 pub use redis::RedisRateLimiter;
@@ -79,10 +80,10 @@ fn refusal_for(path: &str) -> Refuse {
 /// How requests are admitted; set through the [`App`](crate::App) builder or `carmy.toml`.
 #[derive(Clone)]
 pub(crate) struct Protection {
-    pub(crate) authenticator: Option<Arc<dyn Authenticator>>,
+    pub(crate) authentication: Option<Authentication>,
     /// The budget of each trust level, indexed by [`TrustLevel::index`]; `None` is unlimited.
     pub(crate) limits: [Option<RateLimit>; 4],
-    pub(crate) limiter: Arc<dyn RateLimiter>,
+    pub(crate) limiter: Limiter,
     /// Key anonymous callers by the last `X-Forwarded-For` address (set by a trusted proxy)
     /// instead of the peer address.
     pub(crate) trust_forwarded_for: bool,
@@ -97,9 +98,9 @@ pub(crate) struct Protection {
 impl Default for Protection {
     fn default() -> Self {
         Protection {
-            authenticator: None,
+            authentication: None,
             limits: [None; 4],
-            limiter: Arc::new(MemoryRateLimiter::new()),
+            limiter: Limiter::Memory(MemoryRateLimiter::new()),
             trust_forwarded_for: false,
             cors_origins: Vec::new(),
             security_headers: false,
@@ -119,7 +120,8 @@ impl Protection {
                 "the request has more than one Origin",
             ));
         }
-        let principal = auth::principal_of(parts, self.authenticator.as_deref()).await?;
+        let authorized = present.has(Known::Authorization);
+        let principal = auth::principal_of(parts, self.authentication.as_ref(), authorized).await?;
         // Probes (`/agent/health…`) and scrapes spend no budget: an orchestrator polls them all
         // day. Nor do the console's files: the same bytes for everyone, from memory.
         let path = parts.uri.path();

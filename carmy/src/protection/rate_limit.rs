@@ -48,6 +48,32 @@ pub trait RateLimiter: Send + Sync + 'static {
     }
 }
 
+/// Where a protection counts: in process, answered at once, or the host's [`RateLimiter`]
+/// (Redis), awaited (a boxed future on every request).
+#[derive(Clone)]
+pub(crate) enum Limiter {
+    Memory(MemoryRateLimiter),
+    Host(Arc<dyn RateLimiter>),
+}
+
+impl Limiter {
+    /// Counts one request of `key` against `limit`.
+    pub(crate) async fn check(&self, key: &str, limit: RateLimit) -> Result<Decision, ToolError> {
+        match self {
+            Limiter::Memory(memory) => Ok(memory.count(key, limit)),
+            Limiter::Host(limiter) => limiter.check(key, limit).await,
+        }
+    }
+
+    /// The host's limiter, whose backend the health checks ping.
+    pub(crate) fn host(&self) -> Option<&Arc<dyn RateLimiter>> {
+        match self {
+            Limiter::Memory(_) => None,
+            Limiter::Host(limiter) => Some(limiter),
+        }
+    }
+}
+
 /// The in-process limiter (the default). Memory stays bounded: a key whose window has passed is
 /// evicted by the next sweep, which runs at most once per window.
 #[derive(Debug, Clone, Default)]
