@@ -1093,6 +1093,49 @@ async fn a_graceful_shutdown_ends_open_session_streams() {
     drop(stream);
 }
 
+/// A call of a session whose client went away goes on (MCP cancels with a notification); a
+/// graceful shutdown waits for it as it waits for any execution, within the grace period.
+#[tokio::test]
+async fn a_graceful_shutdown_waits_for_a_session_call_whose_client_left() {
+    let probe = Probe::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let app = tools::app(&probe)
+        .shutdown_grace(Duration::from_secs(10))
+        .drain_delay(Duration::ZERO);
+    let serving = tokio::spawn(app.serve_with_shutdown(listener, async move {
+        let _ = stopped.await;
+    }));
+    let session = session_of(&carmy_tests::send_to(addr, initialize("2025-11-25")).await);
+    let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    let answer = carmy_tests::send_to(addr, post(&initialized, &session.headers())).await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED);
+
+    // No `request_id`: nothing is recorded, and only the shutdown's wait lets the call end.
+    let slow = session_call(1, "slow_write", json!({ "millis": 800 }), json!({}));
+    let (mut sender, connection) = carmy_tests::connect(addr).await;
+    let request = post(&slow, &session.headers());
+    let pending = tokio::spawn(async move {
+        let _ = sender.send_request(request).await;
+    });
+    probe.wait_runs(1).await;
+    pending.abort();
+    connection.abort();
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), serving)
+        .await
+        .expect("the server stops within the grace period")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        probe.finished.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the call ran to its end before the server stopped"
+    );
+}
+
 #[tokio::test]
 async fn tools_list_and_calls_hide_what_the_caller_may_not_use() {
     let tokens = carmy::auth::TokenAuthenticator::new()

@@ -15,6 +15,8 @@ pub(crate) struct Probe {
     pub(crate) runs: Arc<AtomicU64>,
     /// Signalled when a tool body starts.
     pub(crate) started: Arc<Notify>,
+    /// How many times a slow tool body ran to its end.
+    pub(crate) finished: Arc<AtomicU64>,
     /// Signalled when a tool saw its cancellation token fire.
     pub(crate) saw_cancellation: Arc<Notify>,
     /// Executions of the serial tool running right now, and the most seen at once.
@@ -110,6 +112,7 @@ async fn work(ctx: &Context, probe: &Probe, millis: u64) -> u64 {
         tokio::time::sleep(Duration::from_millis(millis / 10)).await;
         ctx.progress(step, 10, Some(format!("step {step}")));
     }
+    probe.finished.fetch_add(1, Ordering::SeqCst);
     run
 }
 

@@ -147,11 +147,13 @@ pub(super) async fn answer_in_session(
     let Some(running) = sessions.begin_call(session_id, &id) else {
         return Err(Request::from_parts(parts, Body::from(bytes)));
     };
-    let handler = handler.clone();
     let extensions = parts.extensions;
-    let call = tokio::spawn(async move {
+    let caller = handler.clone();
+    // A task of the runtime's: the call goes on when its client leaves, and a graceful
+    // shutdown waits for it.
+    let call = handler.spawn(async move {
         let cancel = running.cancel_token();
-        let answered = handler
+        let answered = caller
             .call_directly(
                 params.name,
                 params.arguments.unwrap_or_default(),

@@ -96,6 +96,15 @@ impl McpHandler {
         }
     }
 
+    /// Runs `work` in a task that a graceful shutdown waits for, as it waits for executions.
+    pub(super) fn spawn<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.shared.runtime.spawn(work)
+    }
+
     /// The caller and the configuration snapshot: what the HTTP gate attached to the request,
     /// or the local principal and the configuration in force.
     fn caller(&self, context: &RequestContext<RoleServer>) -> (Principal, Arc<Settings>) {

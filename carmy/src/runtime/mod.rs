@@ -342,6 +342,17 @@ impl Runtime {
         self.shutdown.child_token()
     }
 
+    /// Runs `work` in a task of its own that [`Runtime::wait_idle`] waits for: a transport's
+    /// call that outlives its client.
+    #[cfg(feature = "mcp")]
+    pub(crate) fn spawn<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tasks.spawn(work)
+    }
+
     /// Waits until every execution has finished and recorded its outcome.
     pub(crate) async fn wait_idle(&self) {
         self.tasks.close();
