@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Reproduces every figure of BENCHMARKS.md in one run.
 
-    python3 benches/run.py [--rounds 3] [--seconds 3] [--only http|micro|scale|check|fuzz]
+    python3 benches/run.py [--rounds 3] [--seconds 3] [--only http|memory|micro|scale|check|fuzz]
                            [--scenario execute] [--fuzz-examples 300]
                            [--compare path/to/previous/shop]
 
 End-to-end HTTP: each server pinned to CPU 0, wrk (1 thread, 64 connections) pinned to CPU 1,
 over loopback. Targets and scenarios are interleaved (A B C D, A B C D, ...) for several rounds
 and the medians reported, each as a ratio to the hand-written axum baseline of the same round.
-Then the in-process micro-benchmarks (divan), the scale measurements, the compile-time cost,
+Memory at equal work: each server answers the same number of `create_order` calls (the shop
+keeps every order, so a faster server would otherwise hold more of them). Then the in-process micro-benchmarks (divan), the scale measurements, the compile-time cost,
 and a long schemathesis run against the example's OpenAPI document (`--only fuzz`).
 """
 
@@ -283,8 +284,6 @@ def etag_of(target):
 
 
 def measure(args):
-    if args.compare:
-        SERVERS[PREVIOUS] = lambda: [str(Path(args.compare).resolve())]
     measured = ["baseline", "carmy", "carmy 0.6"]
     etags = {target: etag_of(target) for target in measured
              if not args.servers or target in args.servers or target == "baseline"}
@@ -327,6 +326,40 @@ def measure(args):
                       f"rss {result['rss']:.1f} MiB anon {result['anon']:.1f} MiB "
                       f"non-2xx {result['non2xx']}", file=sys.stderr)
     return table, results
+
+
+# Calls each server answers for the memory at equal work: about what carmy 0.6.1 answers in 3 s.
+MEMORY_REQUESTS = 150_000
+
+
+def memory(args):
+    """Peak RSS after the same number of `create_order` calls, split into anonymous memory (the
+    heap: the shop's orders, the connections) and the pages of the executable and libraries."""
+    targets = ["baseline", "carmy", "carmy 0.6"] + ([PREVIOUS] if args.compare else [])
+    env = dict(os.environ, BENCH_METHOD="POST", BENCH_PATH="/agent/execute", BENCH_BODY=CREATE,
+               BENCH_HEADERS=JSON_HEADERS, BENCH_REQUESTS=str(MEMORY_REQUESTS))
+    results = {}
+    for _ in range(args.rounds):
+        for target in targets:
+            server = Server(target)
+            try:
+                # wrk leaves at the last answer; the duration only bounds a server that stalls
+                subprocess.run(["taskset", "-c", "1", "wrk", "-t1", f"-c{CONNECTIONS}", "-d60s", "-s", str(LUA),
+                                f"http://127.0.0.1:{PORT}/agent/execute"],
+                               env=env, check=True, capture_output=True)
+                result = {field: server.status_mib(field) for field in ("VmHWM", "RssAnon", "RssFile")}
+            finally:
+                server.stop()
+            results.setdefault(target, []).append(result)
+            print(f"memory {target:10} " + " ".join(f"{k} {v:.1f} MiB" for k, v in result.items()), file=sys.stderr)
+    lines = [f"{MEMORY_REQUESTS:,} `create_order` calls each; medians of {args.rounds} rounds.\n",
+             "| server | peak RSS MiB | ×carmy 0.6.1 | anon RSS MiB | file RSS MiB |", "|---|---:|---:|---:|---:|"]
+    median = lambda target, field: statistics.median(run[field] for run in results[target])
+    for target in targets:
+        lines.append(f"| {target} | {median(target, 'VmHWM'):.1f} | "
+                     f"{median(target, 'VmHWM') / median('carmy 0.6', 'VmHWM'):.2f} | "
+                     f"{median(target, 'RssAnon'):.1f} | {median(target, 'RssFile'):.1f} |")
+    return "\n".join(lines)
 
 
 def report_http(table, results):
@@ -471,7 +504,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=3)
     parser.add_argument("--skip-build", action="store_true")
-    parser.add_argument("--only", choices=["http", "micro", "scale", "check", "fuzz"], action="append")
+    parser.add_argument("--only", choices=["http", "memory", "micro", "scale", "check", "fuzz"], action="append")
     parser.add_argument("--fuzz-examples", type=int, default=300,
                         help="schemathesis test cases per operation and phase (--only fuzz)")
     parser.add_argument("--scenario", action="append",
@@ -481,13 +514,17 @@ def main():
     parser.add_argument("--compare", metavar="BIN",
                         help="another build of the example to measure beside today's")
     args = parser.parse_args()
-    parts = set(args.only or ["http", "micro", "scale", "check", "fuzz"])
+    parts = set(args.only or ["http", "memory", "micro", "scale", "check", "fuzz"])
+    if args.compare:
+        SERVERS[PREVIOUS] = lambda: [str(Path(args.compare).resolve())]
     if not args.skip_build:
         build()
     out = [f"Machine: {os.cpu_count()} CPUs, {platform_line()}"]
     if "http" in parts:
         table, results = measure(args)
         out.append("## End-to-end HTTP\n\n" + report_http(table, results))
+    if "memory" in parts:
+        out.append("## Memory at equal work\n\n" + memory(args))
     if "micro" in parts:
         out.append("## Micro-benchmarks (divan)\n\n```\n" + micro() + "```")
     if "scale" in parts:
