@@ -38,7 +38,7 @@ use crate::idempotency::{
 use crate::principal::{Principal, TrustLevel};
 use crate::reload::Reloads;
 use crate::state::StateMap;
-use crate::telemetry::{self, Metrics};
+use crate::telemetry::{self, Active, Metrics};
 use crate::tool::{CallFuture, Confirmation, Invocation, Mode, ToolDescriptor};
 use crate::tool_error::{Category, ToolError, clip};
 use crate::wire::codes;
@@ -549,9 +549,7 @@ impl Runtime {
         self.tasks.spawn(
             async move {
                 let tool = prepared.tool.name;
-                let outcome = Arc::clone(&runtime)
-                    .perform(prepared, permit, cancel, None)
-                    .await;
+                let outcome = runtime.perform(&prepared, permit, &cancel, None).await;
                 let elapsed = started.elapsed();
                 record_span(&tracing::Span::current(), &outcome, elapsed);
                 count_answer(runtime.metrics.as_deref(), Some(tool), &outcome, elapsed);
@@ -685,37 +683,42 @@ impl Runtime {
 
     /// Reserve → run → record. Runs in its own task so the record is written even when the
     /// client is gone.
-    async fn run(
+    fn run(
         self: Arc<Self>,
         prepared: Prepared,
         cancel: CancellationToken,
         events: Option<EventSender>,
-    ) -> Outcome {
-        if let Some((key, fingerprint)) = &prepared.idempotency {
-            match self
-                .reserve(&prepared, key, fingerprint, &cancel, events.as_ref(), true)
-                .await
-            {
-                Claim::Reserved => {}
-                Claim::Answered(outcome) => return outcome,
-                Claim::HeldBy(execution_id) => {
-                    // Only an async start asks not to wait; a synchronous call always waits.
-                    tracing::error!(%execution_id, "a synchronous call did not wait");
-                    let error = ToolError::internal(codes::INTERNAL, "internal error");
-                    return answer_error(
-                        &prepared.execution_id,
-                        ExecutionStatus::Failed,
-                        &error,
-                        &[],
-                    );
+    ) -> impl Future<Output = Outcome> + Send + use<> {
+        // An async block rather than an async fn, whose future keeps a second copy of its
+        // arguments: this one is boxed for every call with a `request_id`.
+        async move {
+            if let Some((key, fingerprint)) = &prepared.idempotency {
+                match self
+                    .reserve(&prepared, key, fingerprint, &cancel, events.as_ref(), true)
+                    .await
+                {
+                    Claim::Reserved => {}
+                    Claim::Answered(outcome) => return outcome,
+                    Claim::HeldBy(execution_id) => {
+                        // Only an async start asks not to wait; a synchronous call always waits.
+                        tracing::error!(%execution_id, "a synchronous call did not wait");
+                        let error = ToolError::internal(codes::INTERNAL, "internal error");
+                        return answer_error(
+                            &prepared.execution_id,
+                            ExecutionStatus::Failed,
+                            &error,
+                            &[],
+                        );
+                    }
                 }
             }
+            let permit = match self.admit(&prepared, events.as_ref()).await {
+                Ok(permit) => permit,
+                Err(outcome) => return outcome,
+            };
+            self.perform(&prepared, permit, &cancel, events.as_ref())
+                .await
         }
-        let permit = match self.admit(&prepared, events.as_ref()).await {
-            Ok(permit) => permit,
-            Err(outcome) => return outcome,
-        };
-        self.perform(prepared, permit, cancel, events).await
     }
 
     /// Takes an in-flight slot and, for a kept execution, keeps it in the store: visible to
@@ -806,29 +809,43 @@ impl Runtime {
 
     /// Runs the admitted execution and records how it ended.
     async fn perform(
-        self: Arc<Self>,
-        prepared: Prepared,
+        &self,
+        prepared: &Prepared,
         _permit: OwnedSemaphorePermit,
-        cancel: CancellationToken,
-        events: Option<EventSender>,
+        cancel: &CancellationToken,
+        events: Option<&EventSender>,
     ) -> Outcome {
-        emit_started(events.as_ref(), &prepared.execution_id, prepared.tool.name);
+        emit_started(events, &prepared.execution_id, prepared.tool.name);
         let running = self.metrics.as_deref().map(Metrics::execution_running);
-        if !prepared.kept {
-            let ran = self.invoke(&prepared, &cancel, events.as_ref()).await;
+        let outcome = if prepared.kept {
+            // Boxed: its journal and its watch on the store would make the future of every
+            // call that records an outcome several times as large.
+            Box::pin(self.perform_kept(prepared, running, cancel, events)).await
+        } else {
+            let ran = self.invoke(prepared, cancel, events).await;
             drop(running);
-            let outcome = self.conclude(&prepared, ran, events.as_ref()).await;
-            self.finished(&prepared, &outcome).await;
-            return outcome;
-        }
-        // A kept execution's events go to the store (any replica replays them) and on to a
-        // client streaming this call; a cancellation request through the store cancels it.
+            self.conclude(prepared, ran, events).await
+        };
+        self.finished(prepared, &outcome).await;
+        outcome
+    }
+
+    /// Runs a kept execution: its events go to the store (any replica replays them) and on
+    /// to a client streaming this call; a cancellation request through the store cancels it.
+    /// `running` counts it in flight until the tool has ended.
+    async fn perform_kept(
+        &self,
+        prepared: &Prepared,
+        running: Option<Active<'_>>,
+        cancel: &CancellationToken,
+        events: Option<&EventSender>,
+    ) -> Outcome {
         let (recorder, recorded) = journal_channel(KEPT_PROGRESS);
         let mut journal = Journal {
             store: Arc::clone(&self.store),
             execution_id: prepared.execution_id.clone(),
             events: recorded,
-            forward: events.clone(),
+            forward: events.cloned(),
             next_id: FIRST_PROGRESS_ID,
         };
         let requested = cancellation_requested(
@@ -838,13 +855,13 @@ impl Runtime {
         );
         let ran = tokio::select! {
             biased;
-            ran = self.invoke(&prepared, &cancel, Some(&recorder)) => ran,
+            ran = self.invoke(prepared, cancel, Some(&recorder)) => ran,
             () = requested => Ran::Cancelled,
             () = journal.write_forever() => unreachable!("the journal waits for events forever"),
         };
         drop(running);
         journal.write_waiting().await;
-        let outcome = self.conclude(&prepared, ran, events.as_ref()).await;
+        let outcome = self.conclude(prepared, ran, events).await;
         let ended = RecordedOutcome {
             response: outcome.response.clone(),
             event_id: journal.next_id,
@@ -863,7 +880,6 @@ impl Runtime {
                 repeated::summary(held_back)
             );
         }
-        self.finished(&prepared, &outcome).await;
         outcome
     }
 
@@ -931,18 +947,25 @@ impl Runtime {
                     return Claim::HeldBy(execution_id);
                 }
                 Ok(Reservation::Running { changed, .. }) => {
-                    tokio::select! {
-                        () = changed => continue,
-                        () = cancel.cancelled() => {
-                            let error = ToolError::cancelled(codes::CANCELLED, "the call was cancelled while waiting for the same request")
-                                .retryable(None);
-                            return Claim::Answered(self.answer_failure(prepared, ExecutionStatus::Cancelled, &error, events));
+                    // Boxed, with its timer and waiter: only a duplicate waits here.
+                    let waited = Box::pin(async {
+                        tokio::select! {
+                            () = changed => None,
+                            () = cancel.cancelled() => {
+                                let error = ToolError::cancelled(codes::CANCELLED, "the call was cancelled while waiting for the same request")
+                                    .retryable(None);
+                                Some(self.answer_failure(prepared, ExecutionStatus::Cancelled, &error, events))
+                            }
+                            () = tokio::time::sleep_until(prepared.deadline) => {
+                                let error = ToolError::timeout(codes::TIMEOUT, "the first call with this request_id is still running")
+                                    .retryable(Duration::from_secs(1));
+                                Some(self.answer_failure(prepared, ExecutionStatus::TimedOut, &error, events))
+                            }
                         }
-                        () = tokio::time::sleep_until(prepared.deadline) => {
-                            let error = ToolError::timeout(codes::TIMEOUT, "the first call with this request_id is still running")
-                                .retryable(Duration::from_secs(1));
-                            return Claim::Answered(self.answer_failure(prepared, ExecutionStatus::TimedOut, &error, events));
-                        }
+                    });
+                    match waited.await {
+                        None => continue,
+                        Some(outcome) => return Claim::Answered(outcome),
                     }
                 }
                 Ok(Reservation::Conflict { tool }) => ToolError::conflict(
@@ -998,7 +1021,9 @@ impl Runtime {
         self.answer_failure(prepared, ExecutionStatus::Failed, &error, events)
     }
 
-    /// Runs the tool under its deadline and the cancellation tokens, catching panics.
+    /// Runs the tool under its deadline and the cancellation tokens, catching panics. A tool
+    /// that waits goes on in a boxed future of its own, with the timer and the waiters: the
+    /// future of a call whose tool ends on its first poll (most do) stays small.
     async fn invoke(
         &self,
         prepared: &Prepared,
@@ -1013,9 +1038,8 @@ impl Runtime {
             drop((call, cancel_on_exit));
             return ran(ended);
         }
-        let ran = self
-            .interruptible(serialized(serial, call), Some(cancel), prepared.deadline)
-            .await;
+        let work = serialized(serial, call);
+        let ran = Box::pin(self.interruptible(work, Some(cancel), prepared.deadline)).await;
         drop(cancel_on_exit);
         ran
     }
@@ -1323,24 +1347,39 @@ const RECORD_BACKOFF: [Duration; 3] = [
 
 /// Runs `attempt` until it succeeds, [`RECORD_BACKOFF`] is spent, or the next try would start
 /// after `until` (a slow store must not hold the answer past the lease); the last error
-/// otherwise.
+/// otherwise. The retries, with their timer, are a boxed future of their own: the future of
+/// every call that records an outcome stays small for the usual store, which answers at once.
 async fn with_backoff<F, Fut, E>(mut attempt: F, until: Instant) -> Result<(), E>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
+    match attempt().await {
+        Ok(()) => Ok(()),
+        Err(error) => Box::pin(retried(attempt, until, error)).await,
+    }
+}
+
+/// The retries of [`with_backoff`], after a first attempt that failed with `error`.
+async fn retried<F, Fut, E>(mut attempt: F, until: Instant, mut error: E) -> Result<(), E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
     for pause in RECORD_BACKOFF {
+        if Instant::now() + pause > until {
+            break;
+        }
+        tracing::debug!(error = %error, ?pause, "idempotency store failed; trying again");
+        tokio::time::sleep(pause).await;
         match attempt().await {
             Ok(()) => return Ok(()),
-            Err(error) if Instant::now() + pause > until => return Err(error),
-            Err(error) => {
-                tracing::debug!(error = %error, ?pause, "idempotency store failed; trying again");
-                tokio::time::sleep(pause).await;
-            }
+            Err(again) => error = again,
         }
     }
-    attempt().await
+    Err(error)
 }
 
 /// What the idempotency record keeps of an execution that ran (`protocol.md` §4, the
@@ -1544,7 +1583,12 @@ fn record_span(span: &tracing::Span, outcome: &Outcome, elapsed: Duration) {
 
 #[cfg(test)]
 mod tests {
-    use super::{ExecutionStatus, Kept, kept};
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::{ExecutionStatus, Kept, RECORD_BACKOFF, kept, with_backoff};
 
     /// `protocol.md` §4, the idempotency table, row by row.
     #[test]
@@ -1573,5 +1617,48 @@ mod tests {
                 "{status:?} rejected={rejected} retryable={retryable} safe={safe}"
             );
         }
+    }
+
+    /// A store that fails every time, answered with its last error after each attempt
+    /// `with_backoff` may make; the first answer that succeeds ends the attempts.
+    async fn attempts_until(until: Instant, failures: usize) -> (usize, Result<(), String>) {
+        let made = Cell::new(0);
+        let attempt = || {
+            made.set(made.get() + 1);
+            let n = made.get();
+            std::future::ready(if n > failures {
+                Ok(())
+            } else {
+                Err(format!("failure {n}"))
+            })
+        };
+        let result = with_backoff(attempt, until).await;
+        (made.get(), result)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_store_is_tried_once_per_pause_then_the_last_error_is_returned() {
+        let all_pauses: Duration = RECORD_BACKOFF.iter().sum();
+        let until = Instant::now() + all_pauses + Duration::from_secs(1);
+        let (made, result) = attempts_until(until, usize::MAX).await;
+        assert_eq!(made, RECORD_BACKOFF.len() + 1);
+        assert_eq!(result, Err(format!("failure {made}")));
+
+        let (made, result) = attempts_until(until, 2).await;
+        assert_eq!((made, result), (3, Ok(())));
+
+        let (made, result) = attempts_until(until, 0).await;
+        assert_eq!((made, result), (1, Ok(())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_attempt_starts_after_the_lease() {
+        // Room for the first pause only: two attempts, the second's error returned.
+        let until = Instant::now() + RECORD_BACKOFF[0] + Duration::from_millis(1);
+        let (made, result) = attempts_until(until, usize::MAX).await;
+        assert_eq!((made, result), (2, Err("failure 2".to_owned())));
+
+        let (made, result) = attempts_until(Instant::now(), usize::MAX).await;
+        assert_eq!((made, result), (1, Err("failure 1".to_owned())));
     }
 }

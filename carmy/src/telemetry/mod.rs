@@ -7,7 +7,7 @@ mod metrics;
 pub mod otel;
 mod spans;
 
-pub(crate) use metrics::{Format, Metrics};
+pub(crate) use metrics::{Active, Format, Metrics};
 #[cfg(feature = "mcp")]
 pub(crate) use spans::mcp_span;
 pub(crate) use spans::{TraceParent, execution_span, server_span};
