@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use axum::http::Extensions;
+use axum::http::request::Parts;
 
 use crate::auth::Authentication;
 use crate::catalog::Catalog;
@@ -67,6 +68,20 @@ impl Admitted {
     /// The caller the gate admitted, anonymous for a request that did not pass it.
     pub(crate) fn caller_or_anonymous(request: &Extensions) -> Principal {
         Self::caller(request).cloned().unwrap_or_default()
+    }
+
+    /// What the gate attached to a request, taken out of it for a route that owns it from
+    /// then on (one lookup, nothing cloned); for a request that did not pass the gate, the
+    /// configuration in force, an anonymous caller and the headers found now.
+    pub(crate) fn take(parts: &mut Parts, current: &Current) -> Admitted {
+        parts
+            .extensions
+            .remove::<Admitted>()
+            .unwrap_or_else(|| Admitted {
+                settings: current.load_full(),
+                principal: Principal::default(),
+                present: crate::http::Present::of(&parts.headers),
+            })
     }
 }
 

@@ -948,14 +948,7 @@ async fn a_call_in_a_session_outlives_its_client_and_ends_with_its_session() {
     // and a retry with its key gets the outcome once it is recorded, not a second run.
     let key = json!({ "dev.carmy/request_id": "session-gone" });
     let slow = session_call(1, "slow_write", json!({ "millis": 1500 }), key.clone());
-    let (mut sender, connection) = server.connect().await;
-    let request = post(&slow, &session.headers());
-    let pending = tokio::spawn(async move {
-        let _ = sender.send_request(request).await;
-    });
-    probe.wait_runs(1).await;
-    pending.abort();
-    connection.abort();
+    leave_once_it_runs(server.addr, post(&slow, &session.headers()), &probe).await;
     // Within 1 s, well before the tool's 1.5 s end (which ends its token too).
     let cancelled = tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified());
     assert!(cancelled.await.is_err(), "the call was cancelled");
@@ -990,6 +983,18 @@ async fn a_call_in_a_session_outlives_its_client_and_ends_with_its_session() {
     let after = session_call(4, "echo", json!({ "text": "a" }), json!({}));
     let answer = server.send(post(&after, &other.headers())).await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);
+}
+
+/// Sends `request` over a connection of its own, and goes away (the request and the
+/// connection dropped) once the probe's tool has started its first run.
+async fn leave_once_it_runs(addr: std::net::SocketAddr, request: Request<Body>, probe: &Probe) {
+    let (mut sender, connection) = carmy_tests::connect(addr).await;
+    let pending = tokio::spawn(async move {
+        let _ = sender.send_request(request).await;
+    });
+    probe.wait_runs(1).await;
+    pending.abort();
+    connection.abort();
 }
 
 /// A 2025-11-25 session: its id and negotiated version.
@@ -1114,14 +1119,7 @@ async fn a_graceful_shutdown_waits_for_a_session_call_whose_client_left() {
 
     // No `request_id`: nothing is recorded, and only the shutdown's wait lets the call end.
     let slow = session_call(1, "slow_write", json!({ "millis": 800 }), json!({}));
-    let (mut sender, connection) = carmy_tests::connect(addr).await;
-    let request = post(&slow, &session.headers());
-    let pending = tokio::spawn(async move {
-        let _ = sender.send_request(request).await;
-    });
-    probe.wait_runs(1).await;
-    pending.abort();
-    connection.abort();
+    leave_once_it_runs(addr, post(&slow, &session.headers()), &probe).await;
 
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(5), serving)

@@ -7,7 +7,6 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
-use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -30,7 +29,7 @@ use crate::executions::running_body;
 use crate::principal::Principal;
 use crate::protection::AnswerHeaders;
 use crate::runtime::{self, Accepted, Answer, Call, Delivery, Outcome, Runtime, response};
-use crate::settings::{Admitted, Current, Settings};
+use crate::settings::{Admitted, Current};
 use crate::tool_error::{ToolError, clip, retry_after_secs};
 use crate::wire::paths;
 use crate::wire::{
@@ -79,10 +78,14 @@ pub(crate) fn execute(
     state: ExecuteState,
     request: Request,
 ) -> impl Future<Output = Response> + Send {
-    let (parts, body) = request.into_parts();
-    let (catalog, secured) = snapshot_of(&parts, &state.current);
-    let principal = Admitted::caller_or_anonymous(&parts.extensions);
-    let present = Present::in_request(&parts.extensions, &parts.headers);
+    let (mut parts, body) = request.into_parts();
+    let Admitted {
+        settings,
+        principal,
+        present,
+    } = Admitted::take(&mut parts, &state.current);
+    let secured = settings.protection.security_headers;
+    let catalog = Arc::clone(&settings.catalog);
     let reading = async move {
         let call = read_call(&parts.headers, present, body, principal, catalog).await;
         (parts, call)
@@ -91,14 +94,6 @@ pub(crate) fn execute(
         Ok(call) => Either::Left(answer(state, &parts.headers, present, call, secured)),
         Err(error) => Either::Right(ready(error.into_response())),
     })
-}
-
-/// What a call takes from the configuration snapshot the gate attached to the request: the
-/// catalog, and whether answers carry the security headers.
-pub(super) fn snapshot_of(parts: &Parts, current: &Current) -> (Arc<Catalog>, bool) {
-    let settings = Settings::of(&parts.extensions, current);
-    let secured = settings.protection.security_headers;
-    (Arc::clone(&settings.catalog), secured)
 }
 
 /// Runs a parsed call and answers with JSON or, when the client accepts them, Server-Sent

@@ -2,11 +2,12 @@
 //! document the caller's trust level sees, served like the catalog, and one route per tool
 //! that answers exactly as `/agent/execute` does.
 
+use std::sync::Arc;
+
 use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::Present;
 use super::execute::{self, ExecuteState};
 use super::requester::requester;
 use crate::runtime::{self, Call};
@@ -26,8 +27,13 @@ pub(crate) async fn document(current: Current, request: Request) -> Response {
 /// empty) and the `Idempotency-Key` header as its request id; then the execute pipeline.
 pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
-    let (catalog, secured) = execute::snapshot_of(&parts, &state.current);
-    let present = Present::in_request(&parts.extensions, &parts.headers);
+    let Admitted {
+        settings,
+        principal,
+        present,
+    } = Admitted::take(&mut parts, &state.current);
+    let secured = settings.protection.security_headers;
+    let catalog = Arc::clone(&settings.catalog);
     let call = async {
         let Path(tool) = Path::<String>::from_request_parts(&mut parts, &())
             .await
@@ -47,7 +53,7 @@ pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Reques
             tool,
             arguments,
             request_id,
-            principal: Admitted::caller_or_anonymous(&parts.extensions),
+            principal,
             requester: requester(&parts.headers, present)?,
             catalog,
         })
