@@ -683,6 +683,10 @@ impl Runtime {
 
     /// Reserve → run → record. Runs in its own task so the record is written even when the
     /// client is gone.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn's future would be larger"
+    )]
     fn run(
         self: Arc<Self>,
         prepared: Prepared,
