@@ -23,19 +23,12 @@ pub(crate) fn fingerprint(tool: &Arc<str>, arguments: &Value) -> Fingerprint {
 /// Writes `value` as JSON with object keys in sorted order, whatever the map's own order.
 fn write_canonical(out: &mut impl Write, value: &Value) -> io::Result<()> {
     match value {
+        // Keys already in order (a one-key object, say) are written without sorting a copy.
+        Value::Object(map) if map.keys().is_sorted() => write_object(out, map.iter()),
         Value::Object(map) => {
             let mut entries: Vec<_> = map.iter().collect();
             entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.write_all(b"{")?;
-            for (index, (key, value)) in entries.into_iter().enumerate() {
-                if index > 0 {
-                    out.write_all(b",")?;
-                }
-                serde_json::to_writer(&mut *out, key)?;
-                out.write_all(b":")?;
-                write_canonical(out, value)?;
-            }
-            out.write_all(b"}")
+            write_object(out, entries.into_iter())
         }
         Value::Array(items) => {
             out.write_all(b"[")?;
@@ -49,6 +42,22 @@ fn write_canonical(out: &mut impl Write, value: &Value) -> io::Result<()> {
         }
         scalar => serde_json::to_writer(out, scalar).map_err(io::Error::other),
     }
+}
+
+fn write_object<'v>(
+    out: &mut impl Write,
+    entries: impl Iterator<Item = (&'v String, &'v Value)>,
+) -> io::Result<()> {
+    out.write_all(b"{")?;
+    for (index, (key, value)) in entries.enumerate() {
+        if index > 0 {
+            out.write_all(b",")?;
+        }
+        serde_json::to_writer(&mut *out, key)?;
+        out.write_all(b":")?;
+        write_canonical(out, value)?;
+    }
+    out.write_all(b"}")
 }
 
 struct HashWriter<'a>(&'a mut Sha256);
@@ -89,6 +98,26 @@ mod tests {
         assert_ne!(
             fingerprint("t", &json!({ "x": [1, 2] })),
             fingerprint("t", &json!({ "x": [2, 1] }))
+        );
+    }
+
+    /// The canonical text is what durable stores' fingerprints were computed from: it must
+    /// not change, whether or not the keys came in order.
+    #[test]
+    fn canonical_text_sorts_keys_at_every_depth() {
+        let canonical = |value: &Value| {
+            let mut text = Vec::new();
+            write_canonical(&mut text, value).unwrap();
+            String::from_utf8(text).unwrap()
+        };
+        let expected = r#"{"a":[{"c":"\"","d":2.5}],"b":{"y":null,"z":true}}"#;
+        assert_eq!(
+            canonical(&json!({ "a": [{ "c": "\"", "d": 2.5 }], "b": { "y": null, "z": true } })),
+            expected
+        );
+        assert_eq!(
+            canonical(&json!({ "b": { "z": true, "y": null }, "a": [{ "d": 2.5, "c": "\"" }] })),
+            expected
         );
     }
 }
