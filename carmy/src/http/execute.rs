@@ -7,6 +7,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -79,13 +80,12 @@ pub(crate) fn execute(
     request: Request,
 ) -> impl Future<Output = Response> + Send {
     let (mut parts, body) = request.into_parts();
-    let Admitted {
-        settings,
+    let Caller {
         principal,
         present,
-    } = Admitted::take(&mut parts, &state.current);
-    let secured = settings.protection.security_headers;
-    let catalog = Arc::clone(&settings.catalog);
+        secured,
+        catalog,
+    } = Caller::of(&mut parts, &state.current);
     let reading = async move {
         let call = read_call(&parts.headers, present, body, principal, catalog).await;
         (parts, call)
@@ -94,6 +94,33 @@ pub(crate) fn execute(
         Ok(call) => Either::Left(answer(state, &parts.headers, present, call, secured)),
         Err(error) => Either::Right(ready(error.into_response())),
     })
+}
+
+/// What a route that executes takes from the gate's admission of its request.
+pub(super) struct Caller {
+    pub(super) principal: Principal,
+    /// The headers carmy reads that the request carries, found by the gate.
+    pub(super) present: Present,
+    /// Whether answers carry the security headers.
+    pub(super) secured: bool,
+    /// The catalog of the configuration the gate admitted the request under.
+    pub(super) catalog: Arc<Catalog>,
+}
+
+impl Caller {
+    pub(super) fn of(parts: &mut Parts, current: &Current) -> Self {
+        let Admitted {
+            settings,
+            principal,
+            present,
+        } = Admitted::take(parts, current);
+        Caller {
+            principal,
+            present,
+            secured: settings.protection.security_headers,
+            catalog: Arc::clone(&settings.catalog),
+        }
+    }
 }
 
 /// Runs a parsed call and answers with JSON or, when the client accepts them, Server-Sent

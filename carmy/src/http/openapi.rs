@@ -2,16 +2,14 @@
 //! document the caller's trust level sees, served like the catalog, and one route per tool
 //! that answers exactly as `/agent/execute` does.
 
-use std::sync::Arc;
-
 use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::execute::{self, ExecuteState};
+use super::execute::{self, Caller, ExecuteState};
 use super::requester::requester;
 use crate::runtime::{self, Call};
-use crate::settings::{Admitted, Current, Settings};
+use crate::settings::{Current, Settings};
 use crate::tool_error::ToolError;
 
 pub(crate) async fn document(current: Current, request: Request) -> Response {
@@ -27,13 +25,8 @@ pub(crate) async fn document(current: Current, request: Request) -> Response {
 /// empty) and the `Idempotency-Key` header as its request id; then the execute pipeline.
 pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
-    let Admitted {
-        settings,
-        principal,
-        present,
-    } = Admitted::take(&mut parts, &state.current);
-    let secured = settings.protection.security_headers;
-    let catalog = Arc::clone(&settings.catalog);
+    let caller = Caller::of(&mut parts, &state.current);
+    let (present, secured) = (caller.present, caller.secured);
     let call = async {
         let Path(tool) = Path::<String>::from_request_parts(&mut parts, &())
             .await
@@ -53,9 +46,9 @@ pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Reques
             tool,
             arguments,
             request_id,
-            principal,
+            principal: caller.principal,
             requester: requester(&parts.headers, present)?,
-            catalog,
+            catalog: caller.catalog,
         })
     };
     match call.await {
