@@ -151,6 +151,27 @@ async fn a_stalled_body_is_a_json_408() {
     assert_eq!(body["error"]["retryable"], true);
 }
 
+/// A `Content-Length` over the limit is refused from the head alone: the answer comes at once,
+/// with the body never sent and its deadline (the default, 30 s) far off.
+#[tokio::test]
+async fn a_body_declared_over_the_limit_is_refused_before_it_arrives() {
+    let app = tools::app(&Probe::default());
+    let (addr, _stop, _server) = serve(app).await;
+    let (status, body) = tokio::time::timeout(
+        Duration::from_secs(5),
+        raw(
+            addr,
+            b"POST /agent/execute HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 1048577\r\n\r\n{\"tool\":",
+        ),
+    )
+    .await
+    .expect("the oversized body is refused without waiting for it");
+    assert_eq!(status, 413, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "PAYLOAD_TOO_LARGE");
+    assert_eq!(body["error"]["details"]["limit_bytes"], 1024 * 1024);
+}
+
 /// The body's deadline runs from the end of the head, whatever the body does meanwhile: a body
 /// that keeps arriving, one byte every 100 ms, is cut at the deadline like a silent one.
 #[tokio::test]

@@ -87,6 +87,47 @@ async fn several_different_idempotency_keys_are_refused() {
     assert_eq!(answer.status, StatusCode::OK);
 }
 
+/// A request with several faults is refused for the first, in one order: the content type,
+/// the body, the `Idempotency-Key` headers, then `Carmy-Channel`. The headers are read before
+/// the body; their faults still wait for the body's.
+#[tokio::test]
+async fn a_request_with_several_faults_is_refused_for_the_first() {
+    let router = app(&Probe::default()).router().unwrap();
+    let keys = [("idempotency-key", "k-1"), ("idempotency-key", "k-2")];
+    let channel = ("carmy-channel", "robot");
+    let request = |body: &str, content_type: &str, headers: &[(&str, &str)]| {
+        let mut request = Request::post("/agent/execute").header("content-type", content_type);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(Body::from(body.to_owned())).unwrap()
+    };
+    let reason = |answer: &Answer| {
+        let error = error_of(answer, StatusCode::BAD_REQUEST);
+        assert_eq!(error["code"], "INVALID_REQUEST");
+        error["details"]["reason"].as_str().unwrap().to_owned()
+    };
+    let every_fault = [keys[0], keys[1], channel];
+    let valid = r#"{"tool":"echo","arguments":{"text":"a"}}"#;
+
+    let answer = send(&router, request("{", "text/plain", &every_fault)).await;
+    assert_eq!(reason(&answer), "the content type must be application/json");
+    let answer = send(&router, request("{", "application/json", &every_fault)).await;
+    assert!(reason(&answer).starts_with("invalid request body: "));
+    let answer = send(&router, request(valid, "application/json", &every_fault)).await;
+    assert_eq!(
+        reason(&answer),
+        "the request has several different Idempotency-Key headers"
+    );
+    let answer = send(&router, request(valid, "application/json", &[channel])).await;
+    assert_eq!(
+        reason(&answer),
+        "Carmy-Channel must be `human` or `agent`, once"
+    );
+    let answer = send(&router, request(valid, "application/json", &[keys[0]])).await;
+    assert_eq!(answer.status, StatusCode::OK);
+}
+
 #[tokio::test]
 async fn several_origins_are_refused() {
     let router = app(&Probe::default())

@@ -111,7 +111,7 @@ async fn create(State(events): State<Arc<Events>>, request: Request) -> Response
             let settings = allowed(&events, &request)?;
             let (parts, body) = request.into_parts();
             require_json(&parts.headers)?;
-            let body: CreateBody = parse_body(&read_body(&parts.headers, body).await?)?;
+            let body: CreateBody = parse_body(&read_body(body).await?)?;
             let (view, secret) = events
                 .create(
                     &settings,
@@ -212,7 +212,7 @@ async fn update(
             let settings = allowed(&events, &request)?;
             let (parts, body) = request.into_parts();
             require_json(&parts.headers)?;
-            let body: UpdateBody = parse_body(&read_body(&parts.headers, body).await?)?;
+            let body: UpdateBody = parse_body(&read_body(body).await?)?;
             let change = SubscriptionChange {
                 enabled: body.enabled,
                 event_types: body.event_types,

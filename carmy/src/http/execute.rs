@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::future::{Either, ready};
 use futures_util::{FutureExt, Stream};
+use http_body::Body as _;
 use http_body_util::{LengthLimitError, Limited};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -25,7 +26,7 @@ use super::requester::requester;
 use super::sse;
 use super::{Known, Present};
 use crate::catalog::Catalog;
-use crate::context::{Event, EventReceiver, event_channel};
+use crate::context::{Event, EventReceiver, Requester, event_channel};
 use crate::executions::running_body;
 use crate::principal::Principal;
 use crate::protection::AnswerHeaders;
@@ -72,9 +73,9 @@ fn empty_object() -> Value {
 
 /// `POST /agent/execute`, run inside the gate ([`super::gate::Endpoints::post_inline`]).
 ///
-/// Reading owns the request's head while it reads the body, then hands it back; the answer's
-/// future, which needs none of it, then takes its place. An async block would keep the head
-/// beside that future, and this future is stored inside the gate's, boxed per request.
+/// What the call needs of the request's head is read at once ([`CallHead`]), so the future,
+/// stored inside the gate's and boxed per request, keeps none of the head: only the body being
+/// read, then the answer.
 pub(crate) fn execute(
     state: ExecuteState,
     request: Request,
@@ -86,14 +87,51 @@ pub(crate) fn execute(
         secured,
         catalog,
     } = Caller::of(&mut parts, &state.current);
-    let reading = async move {
-        let call = read_call(&parts.headers, present, body, principal, catalog).await;
-        (parts, call)
-    };
-    reading.then(move |(parts, call)| match call {
-        Ok(call) => Either::Left(answer(state, &parts.headers, present, call, secured)),
+    let head = CallHead::of(&parts.headers, present);
+    let wanted = head.wanted;
+    read_call(head, body, principal, catalog).then(move |call| match call {
+        Ok(call) => Either::Left(answer(state, wanted, call, secured)),
         Err(error) => Either::Right(ready(error.into_response())),
     })
+}
+
+/// What a call takes from its request's head. The checks run at once, and their results are
+/// applied in [`read_call`]'s order, before and after the body as its reader sees them.
+struct CallHead {
+    json: Result<(), ToolError>,
+    idempotency_key: Result<Option<String>, ToolError>,
+    requester: Result<Requester, ToolError>,
+    wanted: Wanted,
+}
+
+impl CallHead {
+    fn of(headers: &HeaderMap, present: Present) -> Self {
+        CallHead {
+            json: require_json(headers),
+            idempotency_key: idempotency_key(headers, present),
+            requester: requester(headers, present),
+            wanted: Wanted::of(headers, present),
+        }
+    }
+}
+
+/// How the client wants its answer, from the request's headers.
+#[derive(Clone, Copy)]
+pub(super) struct Wanted {
+    /// `Accept` takes Server-Sent Events.
+    event_stream: bool,
+    /// `Prefer: respond-async`.
+    prefer_async: bool,
+}
+
+impl Wanted {
+    /// `present`: the headers carmy reads that the request carries.
+    pub(super) fn of(headers: &HeaderMap, present: Present) -> Self {
+        Wanted {
+            event_stream: present.has(Known::Accept) && wants_event_stream(headers),
+            prefer_async: present.has(Known::Prefer) && prefers_async(headers),
+        }
+    }
 }
 
 /// What a route that executes takes from the gate's admission of its request.
@@ -126,20 +164,17 @@ impl Caller {
 /// Runs a parsed call and answers with JSON or, when the client accepts them, Server-Sent
 /// Events: every route that executes answers through here.
 ///
-/// The headers (of which `present`) are read at once, so the future keeps nothing of the
-/// request. The future stands for the client: dropped when it goes away, it cancels the
-/// execution.
+/// The future stands for the client: dropped when it goes away, it cancels the execution.
 pub(super) fn answer(
     state: ExecuteState,
-    headers: &HeaderMap,
-    present: Present,
+    wanted: Wanted,
     call: Call,
     secured: bool,
 ) -> impl Future<Output = Response> + Send + use<> {
-    if present.has(Known::Accept) && wants_event_stream(headers) {
+    if wanted.event_stream {
         return Either::Left(ready(stream(state, call)));
     }
-    let prefer_async = present.has(Known::Prefer) && prefers_async(headers);
+    let prefer_async = wanted.prefer_async;
     let delivery = Delivery {
         cancel: None,
         events: None,
@@ -185,16 +220,15 @@ fn accepted_response(accepted: &Accepted, prefer_async: bool) -> Response {
 
 /// Checks the content type, reads at most [`MAX_BODY_BYTES`], and parses the request.
 async fn read_call(
-    headers: &HeaderMap,
-    present: Present,
+    head: CallHead,
     body: Body,
     principal: Principal,
     catalog: Arc<Catalog>,
 ) -> Result<Call, ToolError> {
-    require_json(headers)?;
-    let bytes = read_body(headers, body).await?;
+    head.json?;
+    let bytes = read_body(body).await?;
     let body: ExecuteBody = parse_body(&bytes)?;
-    let header_key = idempotency_key(headers, present)?;
+    let header_key = head.idempotency_key?;
     let request_id = match (body.request_id, header_key) {
         (Some(body_id), Some(header_id)) if body_id != header_id => {
             return Err(ToolError::invalid_request(
@@ -212,14 +246,17 @@ async fn read_call(
         arguments: body.arguments,
         request_id,
         principal,
-        requester: requester(headers, present)?,
+        requester: head.requester?,
     })
 }
 
 /// A body that is not JSON is refused before it is read.
 pub(super) fn require_json(headers: &HeaderMap) -> Result<(), ToolError> {
-    // The type before any parameter, read as bytes: the usual value has no `;` to look for.
+    // The type before any parameter, read as bytes: the usual value is exactly the type.
     let is_json = headers.get(CONTENT_TYPE).is_some_and(|value| {
+        if value.as_bytes() == b"application/json" {
+            return true;
+        }
         let essence = value.as_bytes().split(|&byte| byte == b';').next();
         essence.is_some_and(|essence| {
             essence
@@ -236,13 +273,10 @@ pub(super) fn require_json(headers: &HeaderMap) -> Result<(), ToolError> {
     }
 }
 
-/// Reads at most [`MAX_BODY_BYTES`] within the body deadline.
-pub(super) async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ToolError> {
-    let declared_length = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<u64>().ok());
-    if declared_length.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+/// Reads at most [`MAX_BODY_BYTES`] within the body deadline. A body whose length is known
+/// to be larger (hyper's reading of its `Content-Length`) is refused before it is read.
+pub(super) async fn read_body(body: Body) -> Result<Bytes, ToolError> {
+    if body.size_hint().lower() > MAX_BODY_BYTES as u64 {
         return Err(payload_too_large());
     }
     match super::whole_body(Limited::new(body, MAX_BODY_BYTES)).await {

@@ -261,9 +261,12 @@ impl Shared {
             .flatten();
         let route = matched.as_ref().map(MatchedPath::as_str);
         let span = telemetry::server_span(method, route, parent.as_ref());
+        // `inner` is the copy the gate's `poll_ready` polled: it is called as it is, without
+        // a `Oneshot` polling it again and moving the request through its states.
         let routed = move |request| {
+            let mut inner = inner;
             inner
-                .oneshot(request)
+                .call(request)
                 .map(|answered| answered.unwrap_or_else(|never| match never {}))
         };
         let guarded = protection::guard(&self.current, parts, body, present, routed);

@@ -31,7 +31,7 @@ pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Reques
         let Path(tool) = Path::<String>::from_request_parts(&mut parts, &())
             .await
             .map_err(|_| ToolError::invalid_request("the tool name in the path is not valid"))?;
-        let bytes = execute::read_body(&parts.headers, body).await?;
+        let bytes = execute::read_body(body).await?;
         let arguments: Value = if bytes.is_empty() {
             json!({})
         } else {
@@ -52,7 +52,10 @@ pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Reques
         })
     };
     match call.await {
-        Ok(call) => execute::answer(state, &parts.headers, present, call, secured).await,
+        Ok(call) => {
+            let wanted = execute::Wanted::of(&parts.headers, present);
+            execute::answer(state, wanted, call, secured).await
+        }
         Err(error) => error.into_response(),
     }
 }
