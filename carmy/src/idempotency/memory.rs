@@ -73,9 +73,11 @@ struct Shard {
     hasher: RandomState,
     /// The sum of the records' [`weight`]s.
     bytes: usize,
-    /// Finished records, oldest first, as (key, generation); entries whose record has since
+    /// Finished records, oldest first, as (hash of the key, generation): a generation is the
+    /// shard's alone, so it finds its record among those of its hash without the key (neither
+    /// held, nor hashed again, nor compared when evicting). Entries whose record has since
     /// changed are skipped.
-    finished: VecDeque<(IdempotencyKey, u64)>,
+    finished: VecDeque<(u64, u64)>,
     next_generation: u64,
 }
 
@@ -293,7 +295,7 @@ impl Shard {
                         record.make_uncertain();
                         record.generation = generation;
                         let execution_id = record.execution_id().clone();
-                        self.queue_finished(key, generation);
+                        self.queue_finished(hash, generation);
                         return Reservation::Uncertain { execution_id };
                     }
                     State::Finished(response) => return Reservation::Finished(response.clone()),
@@ -366,8 +368,8 @@ impl Shard {
         record.bytes = bytes;
         record.expires_at = now + ttl;
         record.generation = generation;
-        self.queue_finished(key, generation);
-        if !self.make_room(limits, 0, Some(key), now)
+        self.queue_finished(hash, generation);
+        if !self.make_room(limits, 0, Some(generation), now)
             && let Some(record) = self.records.find_mut(hash, |record| record.key == *key)
         {
             // This answer alone is over the shard's part of the bound: keep that the call
@@ -403,20 +405,21 @@ impl Shard {
         }
     }
 
-    fn queue_finished(&mut self, key: &IdempotencyKey, generation: u64) {
-        self.finished.push_back((key.clone(), generation));
+    fn queue_finished(&mut self, hash: u64, generation: u64) {
+        self.finished.push_back((hash, generation));
         if self.finished.len() > 2 * self.records.len().max(16) {
             self.compact_finished();
         }
     }
 
     /// Makes room for a new record of `incoming` bytes (none: room for what is held), evicting
-    /// the oldest finished records, never `keep`, then expired ones. `false` if it cannot.
+    /// the oldest finished records, never the one of generation `keep`, then expired ones.
+    /// `false` if it cannot.
     fn make_room(
         &mut self,
         limits: Limits,
         incoming: usize,
-        keep: Option<&IdempotencyKey>,
+        keep: Option<u64>,
         now: Instant,
     ) -> bool {
         let new_records = usize::from(incoming > 0);
@@ -425,17 +428,14 @@ impl Shard {
                 && shard.bytes + incoming <= limits.bytes
         };
         while !fits(self) {
-            let Some((key, generation)) = self.finished.pop_front() else {
+            let Some((hash, generation)) = self.finished.pop_front() else {
                 break;
             };
-            if keep == Some(&key) {
-                self.finished.push_front((key, generation));
+            if keep == Some(generation) {
+                self.finished.push_front((hash, generation));
                 break;
             }
-            let hash = self.hasher.hash_one(&key);
-            self.remove_if(hash, |record| {
-                record.key == key && record.generation == generation
-            });
+            self.remove_if(hash, |record| record.generation == generation);
         }
         if !fits(self) {
             // Only running records remain; drop those that outlived their lease and ttl.
@@ -460,11 +460,11 @@ impl Shard {
 
     /// Drops queue entries whose record has changed or gone.
     fn compact_finished(&mut self) {
-        let (records, hasher) = (&self.records, &self.hasher);
-        self.finished.retain(|(key, generation)| {
+        let records = &self.records;
+        self.finished.retain(|&(hash, generation)| {
             records
-                .find(hasher.hash_one(key), |record| record.key == *key)
-                .is_some_and(|record| record.generation == *generation)
+                .find(hash, |record| record.generation == generation)
+                .is_some()
         });
     }
 
@@ -483,7 +483,7 @@ fn weight(
     response: Option<&StoredResponse>,
 ) -> usize {
     const FIXED: usize = size_of::<Record>()
-        + size_of::<(IdempotencyKey, u64)>()
+        + size_of::<(u64, u64)>()
         + size_of::<StoredResponse>()
         // Four `Arc` headers and a hash table's control byte and slack.
         + 4 * 16
@@ -742,6 +742,28 @@ mod tests {
         assert_eq!(fullest, Some(RECORDS_PER_SHARD));
     }
 
+    /// The answer recorded for `request_id` as `caller`, if the store replays one; a key it
+    /// does not hold is reserved instead.
+    fn replayed(store: &MemoryStore, caller: &str, request_id: &str) -> Option<Arc<str>> {
+        let key = IdempotencyKey::new(caller, request_id);
+        let fingerprint = Fingerprint {
+            tool: Arc::from("tool"),
+            digest: [7; 32],
+        };
+        let execution_id: Arc<str> = Arc::from("exec_other");
+        let found = futures_util::FutureExt::now_or_never(store.reserve(
+            &key,
+            &fingerprint,
+            &execution_id,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        ));
+        match found {
+            Some(Ok(Reservation::Finished(response))) => Some(response.execution_id),
+            _ => None,
+        }
+    }
+
     #[tokio::test]
     async fn the_newest_records_are_found_after_evictions() {
         let store = MemoryStore::with_limits(3, MIN_SHARD_BYTES);
@@ -751,27 +773,34 @@ mod tests {
         // The oldest were evicted; the newest three are replayed.
         assert_eq!(store.len(), 3);
         for number in 7..10 {
-            let key = IdempotencyKey::new("caller", format!("req-{number}"));
-            let fingerprint = Fingerprint {
-                tool: Arc::from("tool"),
-                digest: [7; 32],
-            };
-            let execution_id: Arc<str> = Arc::from("exec_other");
-            let found = futures_util::FutureExt::now_or_never(store.reserve(
-                &key,
-                &fingerprint,
-                &execution_id,
-                Duration::from_secs(1),
-                Duration::from_secs(1),
-            ));
-            match found {
-                Some(Ok(Reservation::Finished(response))) => {
-                    assert_eq!(&*response.execution_id, format!("exec_req-{number}"));
-                }
-                _ => panic!("req-{number} was not replayed"),
-            }
+            let request_id = format!("req-{number}");
+            let execution_id = replayed(&store, "caller", &request_id);
+            assert_eq!(
+                execution_id.as_deref(),
+                Some(&*format!("exec_{request_id}"))
+            );
         }
         // An evicted key is free again.
         record(&store, "caller", "req-0");
+    }
+
+    /// A key recorded again after its record expired stands twice in the line of finished
+    /// records: the first entry, stale, evicts nothing, and the key leaves at its new place.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_recorded_again_is_evicted_at_its_new_place_in_line() {
+        let store = MemoryStore::with_limits(2, MIN_SHARD_BYTES);
+        assert_eq!(store.shards.len(), 1);
+        record(&store, "caller", "a");
+        // Past its 60 s ttl, `a` is recorded anew after `b`.
+        tokio::time::advance(Duration::from_secs(61)).await;
+        record(&store, "caller", "b");
+        record(&store, "caller", "a");
+        assert_eq!(store.lock(0).finished.len(), 3);
+        // Room for `c`: `b` is the oldest record, not the `a` of the stale entry.
+        record(&store, "caller", "c");
+        assert_eq!(store.len(), 2);
+        assert_eq!(replayed(&store, "caller", "a").as_deref(), Some("exec_a"));
+        assert_eq!(replayed(&store, "caller", "c").as_deref(), Some("exec_c"));
+        assert_eq!(replayed(&store, "caller", "b"), None, "b was evicted");
     }
 }
