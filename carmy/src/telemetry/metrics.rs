@@ -97,19 +97,65 @@ struct TrustLabels {
     trust: &'static str,
 }
 
-/// A family whose series are found again by a fast hash. prometheus-client's `Family` hashes a
-/// lookup's labels with SipHash, about 500 instructions for a route's; here a label set's first
-/// use goes through the family (so the exposition is the family's), and later ones find the
-/// same series (a shared handle) by foldhash. Label values are never raw input, so the map is
-/// as bounded as the family.
-struct Series<L, M, C = fn() -> M> {
+/// A family whose series are found again by where their label values live. prometheus-client's
+/// `Family` hashes a lookup's labels with SipHash, about 500 instructions for a route's; here a
+/// label set's first use goes through the family (so the exposition is the family's), and later
+/// ones find the same series (a shared handle) by the labels' [`Identity`]: a few words, hashed
+/// and compared without reading the text. Label values are never raw input, so the map is as
+/// bounded as the family.
+struct Series<L: Identified, M, C = fn() -> M> {
     family: Family<L, M, C>,
-    known: RwLock<HashMap<L, M, foldhash::fast::RandomState>>,
+    /// Each series with the labels it was found by, which keep a shared value's text alive (so
+    /// its address is never another text's).
+    known: RwLock<HashMap<L::Identity, (L, M), foldhash::fast::RandomState>>,
+}
+
+/// Label sets told apart by where their values live: `'static` names, and a matched route's
+/// shared string. Equal identities are equal labels; equal labels may have several
+/// identities, which then find the same series.
+trait Identified {
+    type Identity: Hash + Eq;
+
+    fn identity(&self) -> Self::Identity;
+}
+
+/// Where a text lives and how long it is: the same for the same live text, and never for two
+/// texts alive at once that differ.
+fn text_identity(text: &str) -> (usize, usize) {
+    (text.as_ptr() as usize, text.len())
+}
+
+impl Identified for HttpLabels {
+    type Identity = ((usize, usize), (usize, usize), u16);
+
+    fn identity(&self) -> Self::Identity {
+        (
+            text_identity(self.http_request_method),
+            text_identity(self.http_route.as_str()),
+            self.http_response_status_code,
+        )
+    }
+}
+
+impl Identified for ExecutionLabels {
+    type Identity = ((usize, usize), (usize, usize));
+
+    fn identity(&self) -> Self::Identity {
+        (text_identity(self.tool), text_identity(self.status))
+    }
+}
+
+impl Identified for ToolLabels {
+    type Identity = (usize, usize);
+
+    fn identity(&self) -> Self::Identity {
+        text_identity(self.tool)
+    }
 }
 
 impl<L, M, C> Series<L, M, C>
 where
-    L: Clone + Hash + Eq,
+    L: Identified + Clone + Hash + Eq,
     M: Clone,
     C: MetricConstructor<M>,
 {
@@ -122,11 +168,12 @@ where
 
     /// Records on the series of `labels`.
     fn record(&self, labels: &L, record: impl FnOnce(&M)) {
-        if let Some(series) = self
+        let identity = labels.identity();
+        if let Some((_, series)) = self
             .known
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(labels)
+            .get(&identity)
         {
             return record(series);
         }
@@ -135,7 +182,7 @@ where
         self.known
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(labels.clone(), series);
+            .insert(identity, (labels.clone(), series));
     }
 }
 
@@ -317,5 +364,36 @@ pub(crate) struct Active<'a>(&'a Gauge);
 impl Drop for Active<'_> {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tool named by two texts alike, at two addresses (two identities), counts in one
+    /// series: the exposition is the family's, by the labels' text.
+    #[test]
+    fn equal_labels_at_two_addresses_count_in_one_series() {
+        let metrics = Metrics::new(&Reloads::default());
+        let elsewhere: &'static str = String::from("echo").leak();
+        for tool in ["echo", elsewhere, "echo"] {
+            let elapsed = Duration::from_millis(1);
+            metrics.execution_answered(Some(tool), ExecutionStatus::Completed, false, elapsed);
+        }
+        assert_eq!(metrics.executions.known.read().unwrap().len(), 2);
+        let text = metrics.encode(Format::Prometheus);
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with("carmy_executions_total{"))
+            .collect();
+        assert_eq!(
+            series,
+            ["carmy_executions_total{tool=\"echo\",status=\"completed\"} 3"]
+        );
+        assert!(
+            text.contains("carmy_execution_duration_seconds_count{tool=\"echo\"} 3"),
+            "{text}"
+        );
     }
 }
