@@ -57,6 +57,15 @@ pub(crate) async fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
     parse_answer(&answer)
 }
 
+/// [`raw`], answered within 5 s, its body JSON.
+async fn answered_in_time(addr: SocketAddr, request: &[u8]) -> (u16, Value) {
+    let (status, body) = tokio::time::timeout(Duration::from_secs(5), raw(addr, request))
+        .await
+        .expect("answered within 5 s");
+    let json = serde_json::from_str(&body).unwrap_or_else(|error| panic!("{error}: {body}"));
+    (status, json)
+}
+
 fn parse_answer(answer: &[u8]) -> (u16, String) {
     let answer = String::from_utf8_lossy(answer);
     let status = answer
@@ -134,18 +143,13 @@ async fn a_stalled_body_is_a_json_408() {
     let app = tools::app(&Probe::default()).body_timeout(Duration::from_secs(1));
     let (addr, _stop, _server) = serve(app).await;
     let start = Instant::now();
-    let (status, body) = tokio::time::timeout(
-        Duration::from_secs(5),
-        raw(
-            addr,
-            b"POST /agent/execute HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tool\":",
-        ),
+    let (status, body) = answered_in_time(
+        addr,
+        b"POST /agent/execute HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tool\":",
     )
-    .await
-    .expect("the stalled body is answered");
+    .await;
     assert!(start.elapsed() < Duration::from_millis(1_800));
     assert_eq!(status, 408, "{body}");
-    let body: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(body["error"]["code"], "REQUEST_TIMEOUT");
     assert_eq!(body["error"]["category"], "cancelled");
     assert_eq!(body["error"]["retryable"], true);
@@ -157,17 +161,12 @@ async fn a_stalled_body_is_a_json_408() {
 async fn a_body_declared_over_the_limit_is_refused_before_it_arrives() {
     let app = tools::app(&Probe::default());
     let (addr, _stop, _server) = serve(app).await;
-    let (status, body) = tokio::time::timeout(
-        Duration::from_secs(5),
-        raw(
-            addr,
-            b"POST /agent/execute HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 1048577\r\n\r\n{\"tool\":",
-        ),
+    let (status, body) = answered_in_time(
+        addr,
+        b"POST /agent/execute HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 1048577\r\n\r\n{\"tool\":",
     )
-    .await
-    .expect("the oversized body is refused without waiting for it");
+    .await;
     assert_eq!(status, 413, "{body}");
-    let body: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(body["error"]["code"], "PAYLOAD_TOO_LARGE");
     assert_eq!(body["error"]["details"]["limit_bytes"], 1024 * 1024);
 }
