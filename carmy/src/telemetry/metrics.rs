@@ -97,65 +97,31 @@ struct TrustLabels {
     trust: &'static str,
 }
 
-/// A family whose series are found again by where their label values live. prometheus-client's
-/// `Family` hashes a lookup's labels with SipHash, about 500 instructions for a route's; here a
-/// label set's first use goes through the family (so the exposition is the family's), and later
-/// ones find the same series (a shared handle) by the labels' [`Identity`]: a few words, hashed
-/// and compared without reading the text. Label values are never raw input, so the map is as
-/// bounded as the family.
-struct Series<L: Identified, M, C = fn() -> M> {
+/// A family whose series are found again by a fast hash of a key of their own, `K`.
+/// prometheus-client's `Family` hashes a lookup's labels with SipHash, about 500 instructions
+/// for a route's; here a label set's first use goes through the family (so the exposition is
+/// the family's), and later ones find the same series (a shared handle) by foldhash of `K`:
+/// the labels themselves, or for labels of `'static` names only, their [`static_identity`].
+/// Label values are never raw input, so the map is as bounded as the family.
+struct Series<K, L, M, C = fn() -> M> {
     family: Family<L, M, C>,
-    /// Each series with the labels it was found by, which keep a shared value's text alive (so
-    /// its address is never another text's).
-    known: RwLock<HashMap<L::Identity, (L, M), foldhash::fast::RandomState>>,
+    known: RwLock<HashMap<K, M, foldhash::fast::RandomState>>,
 }
 
-/// Label sets told apart by where their values live: `'static` names, and a matched route's
-/// shared string. Equal identities are equal labels; equal labels may have several
-/// identities, which then find the same series.
-trait Identified {
-    type Identity: Hash + Eq;
+/// Where a `'static` text lives and how long it is.
+type StaticIdentity = (usize, usize);
 
-    fn identity(&self) -> Self::Identity;
-}
-
-/// Where a text lives and how long it is: the same for the same live text, and never for two
-/// texts alive at once that differ.
-fn text_identity(text: &str) -> (usize, usize) {
+/// A `'static` text's [`StaticIdentity`]: hashed and compared without reading the
+/// text. Such a text is never freed, so two that differ never share it; two alike may not,
+/// and then find the same series through the family.
+fn static_identity(text: &'static str) -> StaticIdentity {
     (text.as_ptr() as usize, text.len())
 }
 
-impl Identified for HttpLabels {
-    type Identity = ((usize, usize), (usize, usize), u16);
-
-    fn identity(&self) -> Self::Identity {
-        (
-            text_identity(self.http_request_method),
-            text_identity(self.http_route.as_str()),
-            self.http_response_status_code,
-        )
-    }
-}
-
-impl Identified for ExecutionLabels {
-    type Identity = ((usize, usize), (usize, usize));
-
-    fn identity(&self) -> Self::Identity {
-        (text_identity(self.tool), text_identity(self.status))
-    }
-}
-
-impl Identified for ToolLabels {
-    type Identity = (usize, usize);
-
-    fn identity(&self) -> Self::Identity {
-        text_identity(self.tool)
-    }
-}
-
-impl<L, M, C> Series<L, M, C>
+impl<K, L, M, C> Series<K, L, M, C>
 where
-    L: Identified + Clone + Hash + Eq,
+    K: Clone + Hash + Eq,
+    L: Clone + Hash + Eq,
     M: Clone,
     C: MetricConstructor<M>,
 {
@@ -166,14 +132,13 @@ where
         }
     }
 
-    /// Records on the series of `labels`.
-    fn record(&self, labels: &L, record: impl FnOnce(&M)) {
-        let identity = labels.identity();
-        if let Some((_, series)) = self
+    /// Records on the series of `labels`, found by `key`.
+    fn record(&self, key: &K, labels: &L, record: impl FnOnce(&M)) {
+        if let Some(series) = self
             .known
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(&identity)
+            .get(key)
         {
             return record(series);
         }
@@ -182,17 +147,20 @@ where
         self.known
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(identity, (labels.clone(), series));
+            .insert(key.clone(), series);
     }
 }
 
 /// The metrics of one app and the registry that exposes them.
 pub(crate) struct Metrics {
     registry: Registry,
-    http_duration: Series<HttpLabels, Histogram>,
+    /// By the labels' text: a nested router makes its matched route's text per request.
+    http_duration: Series<HttpLabels, HttpLabels, Histogram>,
     http_active: Gauge,
-    executions: Series<ExecutionLabels, Counter>,
-    execution_duration: Series<ToolLabels, Histogram>,
+    /// By the tool's and the status's [`static_identity`].
+    executions: Series<(StaticIdentity, StaticIdentity), ExecutionLabels, Counter>,
+    /// By the tool's [`static_identity`].
+    execution_duration: Series<StaticIdentity, ToolLabels, Histogram>,
     in_flight: Gauge,
     replays: Counter,
     rate_limited: Family<TrustLabels, Counter>,
@@ -309,8 +277,9 @@ impl Metrics {
             http_route: Route(route),
             http_response_status_code: status,
         };
-        self.http_duration
-            .record(&labels, |series| series.observe(elapsed.as_secs_f64()));
+        self.http_duration.record(&labels, &labels, |series| {
+            series.observe(elapsed.as_secs_f64());
+        });
     }
 
     /// A tool started running; it counts as in flight until the guard is dropped.
@@ -329,17 +298,15 @@ impl Metrics {
         elapsed: Duration,
     ) {
         let tool = tool.unwrap_or_default();
-        self.executions.record(
-            &ExecutionLabels {
-                tool,
-                status: status.as_str(),
-            },
-            |series| {
-                series.inc();
-            },
-        );
+        let status = status.as_str();
+        let labels = ExecutionLabels { tool, status };
+        let key = (static_identity(tool), static_identity(status));
+        self.executions.record(&key, &labels, |series| {
+            series.inc();
+        });
+        let labels = ToolLabels { tool };
         self.execution_duration
-            .record(&ToolLabels { tool }, |series| {
+            .record(&static_identity(tool), &labels, |series| {
                 series.observe(elapsed.as_secs_f64());
             });
         if replayed {
@@ -370,6 +337,38 @@ impl Drop for Active<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A router nested under a prefix as a service (as one with a fallback of its own, like
+    /// carmy's, is) makes its matched route's text anew for each request: the requests of one
+    /// route are one series, and one entry of the lookup map.
+    #[tokio::test]
+    async fn a_nested_route_is_one_series_whatever_its_text_s_address() {
+        use axum::body::Body;
+        use axum::http::Request;
+        use std::sync::Arc;
+        use tower::ServiceExt;
+
+        let metrics = Arc::new(Metrics::new(&Reloads::default()));
+        let recorder = Arc::clone(&metrics);
+        let answer = move |route: MatchedPath| async move {
+            recorder.http_answered("GET", Some(route), 200, Duration::from_millis(1));
+        };
+        let inner = axum::Router::new().route("/tools", axum::routing::get(answer));
+        let router = axum::Router::new().nest_service("/agent", inner);
+        for _ in 0..3 {
+            let request = Request::get("/agent/tools").body(Body::empty()).unwrap();
+            router.clone().oneshot(request).await.unwrap();
+        }
+        assert_eq!(metrics.http_duration.known.read().unwrap().len(), 1);
+        let text = metrics.encode(Format::Prometheus);
+        assert!(
+            text.contains(
+                "http_server_request_duration_seconds_count{http_request_method=\"GET\",\
+                 http_route=\"/agent/tools\",http_response_status_code=\"200\"} 3"
+            ),
+            "{text}"
+        );
+    }
 
     /// A tool named by two texts alike, at two addresses (two identities), counts in one
     /// series: the exposition is the family's, by the labels' text.
