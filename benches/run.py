@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reproduces every figure of BENCHMARKS.md in one run.
 
-    python3 benches/run.py [--rounds 3] [--seconds 3] [--only http|memory|micro|scale|check|fuzz]
+    python3 benches/run.py [--rounds 3] [--seconds 3]
+                           [--only http|memory|profile|micro|scale|check|fuzz]
                            [--scenario execute] [--fuzz-examples 300]
                            [--compare path/to/previous/shop]
 
@@ -9,8 +10,12 @@ End-to-end HTTP: each server pinned to CPU 0, wrk (1 thread, 64 connections) pin
 over loopback. Targets and scenarios are interleaved (A B C D, A B C D, ...) for several rounds
 and the medians reported, each as a ratio to the hand-written axum baseline of the same round.
 Memory at equal work: each server answers the same number of `create_order` calls (the shop
-keeps every order, so a faster server would otherwise hold more of them). Then the in-process micro-benchmarks (divan), the scale measurements, the compile-time cost,
-and a long schemathesis run against the example's OpenAPI document (`--only fuzz`).
+keeps every order, so a faster server would otherwise hold more of them). Where the time goes:
+`perf` profiles and flamegraphs of the raw handler and carmy, their CPU time per request split by
+what it is spent in (`benches/flamegraphs.py`; `--scenario` and `--servers` pick what is
+profiled). Then the in-process micro-benchmarks (divan), the scale measurements, the
+compile-time cost, and a long schemathesis run against the example's OpenAPI document
+(`--only fuzz`).
 """
 
 import argparse
@@ -26,6 +31,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+import flamegraphs
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
@@ -283,18 +290,24 @@ def etag_of(target):
         server.stop()
 
 
-def measure(args):
-    measured = ["baseline", "carmy", "carmy 0.6"]
-    etags = {target: etag_of(target) for target in measured
-             if not args.servers or target in args.servers or target == "baseline"}
+def selected(wanted_scenarios, wanted_servers):
+    """The scenarios whose name contains one of `wanted_scenarios` (all when none), each with
+    the baseline and `wanted_servers` (all when none)."""
+    etags = {target: etag_of(target) for target in ["baseline", "carmy", "carmy 0.6"]
+             if not wanted_servers or target in wanted_servers or target == "baseline"}
     table = scenarios(etags)
-    if args.scenario:
+    if wanted_scenarios:
         table = {name: targets for name, targets in table.items()
-                 if any(wanted in name for wanted in args.scenario)}
-    if args.servers:
+                 if any(wanted in name for wanted in wanted_scenarios)}
+    if wanted_servers:
         table = {name: {target: request for target, request in targets.items()
-                        if target in args.servers or target == "baseline"}
+                        if target in wanted_servers or target == "baseline"}
                  for name, targets in table.items()}
+    return table
+
+
+def measure(args):
+    table = selected(args.scenario, args.servers)
     if args.compare:
         for name, targets in table.items():
             if name == "catalog 304":
@@ -504,7 +517,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=3)
     parser.add_argument("--skip-build", action="store_true")
-    parser.add_argument("--only", choices=["http", "memory", "micro", "scale", "check", "fuzz"], action="append")
+    parser.add_argument("--only", choices=["http", "memory", "micro", "scale", "check", "fuzz", "profile"],
+                        action="append")
     parser.add_argument("--fuzz-examples", type=int, default=300,
                         help="schemathesis test cases per operation and phase (--only fuzz)")
     parser.add_argument("--scenario", action="append",
@@ -514,7 +528,7 @@ def main():
     parser.add_argument("--compare", metavar="BIN",
                         help="another build of the example to measure beside today's")
     args = parser.parse_args()
-    parts = set(args.only or ["http", "memory", "micro", "scale", "check", "fuzz"])
+    parts = set(args.only or ["http", "memory", "profile", "micro", "scale", "check", "fuzz"])
     if args.compare:
         SERVERS[PREVIOUS] = lambda: [str(Path(args.compare).resolve())]
     if not args.skip_build:
@@ -531,6 +545,10 @@ def main():
         out.append("## Scale\n\n" + scale())
     if "check" in parts:
         out.append("## Compile-time cost\n\n" + check_cost())
+    if "profile" in parts:
+        table = selected(args.scenario or flamegraphs.DEFAULT_SCENARIOS, args.servers or ["carmy"])
+        out.append("## Where the microseconds go (perf, flamegraphs)\n\n"
+                   + flamegraphs.profile(args, table, Server, wrk, TARGET))
     if "fuzz" in parts:
         out.append("## schemathesis against the OpenAPI document\n\n" + fuzz(args.fuzz_examples))
     print("\n\n".join(out))
