@@ -33,7 +33,6 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::protection::PeerKey;
 use crate::runtime::Runtime;
 
 /// The longest head timeout accepted: a slow head holds a connection slot.
@@ -519,8 +518,8 @@ async fn expiry(activity: &Activity, head: Duration, idle: Duration) {
     }
 }
 
-/// The router, for one connection: adds the peer address (`ConnectInfo`, and its rate-limit
-/// key) and counts the requests in flight, each until its response body is done.
+/// The router, for one connection: adds the peer address (`ConnectInfo`, which also keys an
+/// anonymous caller's rate limit) and counts the requests in flight, each until its response body is done.
 #[derive(Clone)]
 struct ConnectionService {
     router: Router,
@@ -529,17 +528,16 @@ struct ConnectionService {
     activity: Arc<Activity>,
 }
 
-/// The extensions each request of a connection from `peer` starts with: `ConnectInfo` and the
-/// peer's rate-limit key, in a map with room for those the router and the gate add. A map
-/// made by the first insert holds three entries and is rebuilt at the fourth, and a request
-/// carries five; a clone keeps the room of its original.
+/// The extensions each request of a connection from `peer` starts with: `ConnectInfo`, in a
+/// map with room for those the router and the gate add. A map made by the first insert holds
+/// three entries and is rebuilt at the fourth, and a request carries four; a clone keeps the
+/// room of its original.
 fn connection_extensions(peer: SocketAddr) -> Extensions {
     /// Stand-ins that make the room: `MatchedPath`, the path's parameters, `Admitted`.
     #[derive(Clone)]
     struct Room<const SLOT: u8>;
     let mut extensions = Extensions::new();
     extensions.insert(ConnectInfo(peer));
-    extensions.insert(PeerKey::of(peer.ip()));
     extensions.insert(Room::<0>);
     extensions.insert(Room::<1>);
     extensions.insert(Room::<2>);

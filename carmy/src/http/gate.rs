@@ -269,7 +269,7 @@ impl Shared {
                 .call(request)
                 .map(|answered| answered.unwrap_or_else(|never| match never {}))
         };
-        let guarded = protection::guard(&self.current, parts, body, present, routed);
+        let guarded = protection::guard(&self.current, parts, body, present, started, routed);
         let answering = Answering::begin(self);
         guarded.instrument(span.clone()).map(move |response| {
             let status = response.status().as_u16();

@@ -6,7 +6,6 @@ mod rate_limit;
 #[cfg(feature = "redis")]
 mod redis;
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -21,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
 use futures_util::future::Either;
 use serde_json::json;
+use tokio::time::Instant;
 use tower_http::cors::CorsLayer;
 
 use crate::auth::{self, Authentication};
@@ -34,8 +34,8 @@ use crate::wire::{
     MCP_PROTOCOL_VERSION, MCP_SESSION_ID, X_FORWARDED_FOR, codes,
 };
 
-pub(crate) use rate_limit::Limiter;
 pub use rate_limit::{Decision, MemoryRateLimiter, RateLimit, RateLimiter};
+pub(crate) use rate_limit::{Limiter, RateKey};
 #[cfg(feature = "redis")]
 pub use redis::RedisRateLimiter;
 
@@ -110,8 +110,14 @@ impl Default for Protection {
 }
 
 impl Protection {
-    /// Version, then caller, then budget: the caller, admitted.
-    async fn admit(&self, parts: &Parts, present: Present) -> Result<Principal, ToolError> {
+    /// Version, then caller, then budget: the caller, admitted. `arrived`: when the gate took
+    /// the request.
+    async fn admit(
+        &self,
+        parts: &Parts,
+        present: Present,
+        arrived: Instant,
+    ) -> Result<Principal, ToolError> {
         if present.has(Known::CarmyVersion) {
             check_version(&parts.headers)?;
         }
@@ -130,7 +136,7 @@ impl Protection {
         if let Some(limit) = limit {
             let decision = {
                 let key = self.rate_key(&principal, &parts.headers, &parts.extensions);
-                self.limiter.check(&key, limit).await?
+                self.limiter.check(key, limit, arrived).await?
             };
             if let Decision::Limited { retry_after } = decision {
                 if let Some(metrics) = &self.metrics {
@@ -148,43 +154,24 @@ impl Protection {
 
     /// The key a caller's budget is counted under: the principal, or for anonymous callers
     /// the address they connect from.
-    fn rate_key<'r>(
+    fn rate_key<'p>(
         &self,
-        principal: &Principal,
+        principal: &'p Principal,
         headers: &HeaderMap,
-        extensions: &'r axum::http::Extensions,
-    ) -> Cow<'r, str> {
+        extensions: &axum::http::Extensions,
+    ) -> RateKey<'p> {
         if principal.trust() != TrustLevel::Anonymous {
-            // One allocation of the right size: `format!` would guess the size, grow it, and
-            // go through the formatting machinery on every request.
-            return Cow::Owned(["principal:", principal.id()].concat());
+            return RateKey::Principal(principal.id());
         }
         if self.trust_forwarded_for
             && let Some(forwarded) = last_forwarded_for(headers)
         {
-            return Cow::Owned(PeerKey::of(forwarded).0.to_string());
+            return RateKey::Peer(Some(forwarded));
         }
-        // Written once per connection by carmy's server.
-        if let Some(PeerKey(key)) = extensions.get::<PeerKey>() {
-            return Cow::Borrowed(key);
-        }
-        match extensions.get::<ConnectInfo<SocketAddr>>() {
-            Some(ConnectInfo(addr)) => Cow::Owned(PeerKey::of(addr.ip()).0.to_string()),
-            // Served without connection info (plain `axum::serve`): anonymous callers share
-            // one budget.
-            None => Cow::Borrowed("peer:unknown"),
-        }
-    }
-}
-
-/// The rate-limit key of an anonymous caller's address, formatted once per connection rather
-/// than on every request.
-#[derive(Debug, Clone)]
-pub(crate) struct PeerKey(Arc<str>);
-
-impl PeerKey {
-    pub(crate) fn of(ip: IpAddr) -> Self {
-        PeerKey(format!("peer:{ip}").into())
+        // Served without connection info (plain `axum::serve`), anonymous callers share one
+        // budget.
+        let connected = extensions.get::<ConnectInfo<SocketAddr>>();
+        RateKey::Peer(connected.map(|ConnectInfo(addr)| addr.ip()))
     }
 }
 
@@ -194,7 +181,8 @@ impl PeerKey {
 /// The request comes in parts: admission reads them, and an admitted request carries its
 /// [`Admitted`] (the snapshot and the caller) to its route.
 ///
-/// `present`: the headers carmy reads that the request carries, found once by the gate.
+/// `present`: the headers carmy reads that the request carries, found once by the gate;
+/// `arrived`: when it took the request.
 ///
 /// Admission owns the parts while it reads them and hands them back; the route's future then
 /// takes their place, where an async block would keep them beside it.
@@ -203,6 +191,7 @@ pub(crate) fn guard<Route, Answered>(
     parts: Parts,
     body: Body,
     present: Present,
+    arrived: Instant,
     route: Route,
 ) -> impl Future<Output = Response> + use<Route, Answered>
 where
@@ -213,7 +202,7 @@ where
     let security_headers = settings.protection.security_headers;
     let refuse = refusal_for(parts.uri.path());
     let admission = async move {
-        let admitted = settings.protection.admit(&parts, present).await;
+        let admitted = settings.protection.admit(&parts, present, arrived).await;
         (parts, settings, admitted)
     };
     admission
@@ -231,8 +220,10 @@ where
         .map(move |mut response| {
             let headers = response.headers_mut();
             // Every answer gets the version and, when they are on, the security headers; one
-            // started from `AnswerHeaders` has them all already.
-            if let Entry::Vacant(version) = headers.entry(&CARMY_VERSION) {
+            // started from `AnswerHeaders` has them all already, with the version first: seen
+            // without hashing the name to look it up.
+            let started_with_version = headers.keys().next() == Some(&CARMY_VERSION);
+            if !started_with_version && let Entry::Vacant(version) = headers.entry(&CARMY_VERSION) {
                 version.insert(SERVED_VERSION.clone());
                 add_security_headers(headers, security_headers);
             }

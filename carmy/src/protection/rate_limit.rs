@@ -1,7 +1,10 @@
 //! Per-caller request budgets: a fixed window per key, in process ([`MemoryRateLimiter`]) or
 //! shared by replicas through Redis (`RedisRateLimiter`, with the `redis` feature).
 
+use std::borrow::{Borrow, Cow};
 use std::collections::HashMap;
+use std::hash::Hash;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -48,6 +51,28 @@ pub trait RateLimiter: Send + Sync + 'static {
     }
 }
 
+/// Whose budget a request spends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RateKey<'a> {
+    /// A known caller, by its principal's id.
+    Principal(&'a str),
+    /// An anonymous caller, by the address it connects from: `None` when served without
+    /// connection info (plain `axum::serve`), where anonymous callers share one budget.
+    Peer(Option<IpAddr>),
+}
+
+impl RateKey<'_> {
+    /// The key as a host's [`RateLimiter`] receives it: text, of a caller or of an address.
+    fn text(self) -> Cow<'static, str> {
+        match self {
+            // One allocation of the right size: `format!` would guess the size and grow it.
+            RateKey::Principal(id) => Cow::Owned(["principal:", id].concat()),
+            RateKey::Peer(Some(ip)) => Cow::Owned(format!("peer:{ip}")),
+            RateKey::Peer(None) => Cow::Borrowed("peer:unknown"),
+        }
+    }
+}
+
 /// Where a protection counts: in process, answered at once, or the host's [`RateLimiter`]
 /// (Redis), awaited (a boxed future on every request).
 #[derive(Clone)]
@@ -57,11 +82,19 @@ pub(crate) enum Limiter {
 }
 
 impl Limiter {
-    /// Counts one request of `key` against `limit`.
-    pub(crate) async fn check(&self, key: &str, limit: RateLimit) -> Result<Decision, ToolError> {
+    /// Counts one request of `key`, which arrived at `arrived`, against `limit`. The
+    /// in-process limiter counts it in the window of its arrival, read by the gate: the clock
+    /// is read once per request. It keeps callers by id and addresses as they are, where the
+    /// host's limiter, with a clock of its own, gets them as text.
+    pub(crate) async fn check(
+        &self,
+        key: RateKey<'_>,
+        limit: RateLimit,
+        arrived: Instant,
+    ) -> Result<Decision, ToolError> {
         match self {
-            Limiter::Memory(memory) => Ok(memory.count(key, limit)),
-            Limiter::Host(limiter) => limiter.check(key, limit).await,
+            Limiter::Memory(memory) => Ok(memory.count_key(key, limit, arrived)),
+            Limiter::Host(limiter) => limiter.check(&key.text(), limit).await,
         }
     }
 
@@ -81,18 +114,22 @@ pub struct MemoryRateLimiter {
     inner: Arc<Mutex<Windows>>,
 }
 
+/// The maps are hashed by foldhash, seeded per process, rather than SipHash: a lookup on every
+/// request. The keys an anonymous caller can choose are the addresses it connects from.
 #[derive(Debug)]
 struct Windows {
-    /// Hashed by foldhash, seeded per process, rather than SipHash: a lookup on every request.
-    /// The keys an anonymous caller can choose are the addresses it connects from.
-    by_key: HashMap<Box<str>, Window, foldhash::quality::RandomState>,
+    /// Known callers by principal id, and the text keys of [`RateLimiter::check`].
+    by_name: HashMap<Box<str>, Window, foldhash::quality::RandomState>,
+    /// Anonymous callers by address, kept as it is: no key is formatted or allocated.
+    by_peer: HashMap<Option<IpAddr>, Window, foldhash::quality::RandomState>,
     last_sweep: Instant,
 }
 
 impl Default for Windows {
     fn default() -> Self {
         Windows {
-            by_key: HashMap::default(),
+            by_name: HashMap::default(),
+            by_peer: HashMap::default(),
             last_sweep: Instant::now(),
         }
     }
@@ -112,7 +149,8 @@ impl MemoryRateLimiter {
 
     /// How many callers are tracked now (evicted idle ones excluded).
     pub fn tracked_keys(&self) -> usize {
-        self.lock().by_key.len()
+        let windows = self.lock();
+        windows.by_name.len() + windows.by_peer.len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Windows> {
@@ -120,31 +158,52 @@ impl MemoryRateLimiter {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn count(&self, key: &str, limit: RateLimit) -> Decision {
-        let now = Instant::now();
+    fn count_key(&self, key: RateKey<'_>, limit: RateLimit, now: Instant) -> Decision {
         let mut windows = self.lock();
         if now.duration_since(windows.last_sweep) >= limit.window {
-            windows.by_key.retain(|_, window| window.ends > now);
+            windows.by_name.retain(|_, window| window.ends > now);
+            windows.by_peer.retain(|_, window| window.ends > now);
             windows.last_sweep = now;
         }
-        let fresh = Window {
-            ends: now + limit.window,
-            count: 0,
-        };
-        // Looked up by `&str` first: a key is allocated only for a caller not tracked yet.
-        match windows.by_key.get_mut(key) {
-            Some(window) => {
-                if window.ends <= now {
-                    *window = fresh;
-                }
-                window.spend(limit, now)
+        match key {
+            RateKey::Principal(id) => {
+                count_in(&mut windows.by_name, id, |id| id.into(), limit, now)
             }
-            None => {
-                let mut window = fresh;
-                let decision = window.spend(limit, now);
-                windows.by_key.insert(key.into(), window);
-                decision
+            RateKey::Peer(ip) => count_in(&mut windows.by_peer, &ip, |ip| *ip, limit, now),
+        }
+    }
+}
+
+/// Counts one request of `key` in its window of `windows`; `owned` makes the key of a caller
+/// not tracked yet.
+fn count_in<K, Q>(
+    windows: &mut HashMap<K, Window, foldhash::quality::RandomState>,
+    key: &Q,
+    owned: fn(&Q) -> K,
+    limit: RateLimit,
+    now: Instant,
+) -> Decision
+where
+    K: Eq + Hash + Borrow<Q>,
+    Q: Eq + Hash + ?Sized,
+{
+    let fresh = Window {
+        ends: now + limit.window,
+        count: 0,
+    };
+    // Looked up by reference first: a key is made only for a caller not tracked yet.
+    match windows.get_mut(key) {
+        Some(window) => {
+            if window.ends <= now {
+                *window = fresh;
             }
+            window.spend(limit, now)
+        }
+        None => {
+            let mut window = fresh;
+            let decision = window.spend(limit, now);
+            windows.insert(owned(key), window);
+            decision
         }
     }
 }
@@ -168,6 +227,51 @@ impl RateLimiter for MemoryRateLimiter {
         key: &'a str,
         limit: RateLimit,
     ) -> BoxFuture<'a, Result<Decision, ToolError>> {
-        Box::pin(std::future::ready(Ok(self.count(key, limit))))
+        Box::pin(std::future::ready(Ok(self.count_key(
+            RateKey::Principal(key),
+            limit,
+            Instant::now(),
+        ))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: RateLimit = RateLimit {
+        requests: 1,
+        window: Duration::from_secs(10),
+    };
+
+    #[test]
+    fn callers_addresses_and_unknown_peers_each_have_a_budget_of_their_own() {
+        let limiter = MemoryRateLimiter::new();
+        let now = Instant::now();
+        let peer = RateKey::Peer(Some([10, 0, 0, 1].into()));
+        let keys = [
+            RateKey::Principal("agent"),
+            RateKey::Principal("10.0.0.1"),
+            peer,
+            RateKey::Peer(Some([10, 0, 0, 2].into())),
+            RateKey::Peer(None),
+        ];
+        for key in keys {
+            assert_eq!(limiter.count_key(key, LIMIT, now), Decision::Allowed);
+        }
+        for key in keys {
+            assert_eq!(
+                limiter.count_key(key, LIMIT, now + Duration::from_secs(4)),
+                Decision::Limited {
+                    retry_after: Duration::from_secs(6)
+                },
+            );
+        }
+        assert_eq!(limiter.tracked_keys(), keys.len());
+        // The window counted from the request's arrival: the next one starts afresh, and the
+        // sweep then drops every other key, of either kind.
+        let later = now + LIMIT.window;
+        assert_eq!(limiter.count_key(peer, LIMIT, later), Decision::Allowed);
+        assert_eq!(limiter.tracked_keys(), 1);
     }
 }
