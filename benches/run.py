@@ -379,24 +379,36 @@ def memory(args):
 
 
 def report_http(table, results):
-    lines = ["| scenario | server | req/s | ×baseline | CPU µs/req | ×baseline CPU | p50 ms | p99 ms | "
-             "peak RSS MiB | ×baseline RSS | anon RSS MiB | non-2xx |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    # The rounds' spread beside each median ratio: on a shared 2-vCPU machine one round's ratio
+    # moves by several hundredths, as much as a change of a few percent in the code.
+    lines = ["| scenario | server | req/s | ×baseline | rounds | CPU µs/req | ×baseline CPU | rounds | "
+             "p50 ms | p99 ms | peak RSS MiB | ×baseline RSS | anon RSS MiB | non-2xx |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for scenario, targets in table.items():
         # ratios per round, against the baseline of the same round, then the median
         base = results[(scenario, "baseline")]
         for target in targets:
             runs = results[(scenario, target)]
             median = lambda key: statistics.median(run[key] for run in runs)
-            ratio = statistics.median(run["rps"] / b["rps"] for run, b in zip(runs, base))
+            ratios = [run["rps"] / b["rps"] for run, b in zip(runs, base)]
             rss_ratio = statistics.median(run["rss"] / b["rss"] for run, b in zip(runs, base))
             # ≥ 1 is better: the baseline's CPU per request over this server's
-            cpu_ratio = statistics.median(b["cpu"] / run["cpu"] for run, b in zip(runs, base))
-            lines.append(f"| {scenario} | {target} | {median('rps'):,.0f} | {ratio:.2f} | {median('cpu'):.1f} | "
-                         f"{cpu_ratio:.2f} | {median('p50'):.2f} | "
+            cpu_ratios = [b["cpu"] / run["cpu"] for run, b in zip(runs, base)]
+            lines.append(f"| {scenario} | {target} | {median('rps'):,.0f} | {statistics.median(ratios):.2f} | "
+                         f"{spread(ratios)} | {median('cpu'):.1f} | {statistics.median(cpu_ratios):.2f} | "
+                         f"{spread(cpu_ratios)} | {median('p50'):.2f} | "
                          f"{median('p99'):.2f} | {median('rss'):.1f} | {rss_ratio:.2f} | {median('anon'):.1f} | "
                          f"{sum(r['non2xx'] for r in runs)} |")
     return "\n".join(lines)
+
+
+def spread(ratios):
+    """The lowest and highest of the rounds' ratios.
+
+    >>> spread([0.91, 0.84, 0.88])
+    '0.84–0.91'
+    """
+    return f"{min(ratios):.2f}–{max(ratios):.2f}"
 
 
 def micro():
