@@ -227,6 +227,7 @@ impl RateLimiter for MemoryRateLimiter {
         key: &'a str,
         limit: RateLimit,
     ) -> BoxFuture<'a, Result<Decision, ToolError>> {
+        // A host's text key, kept by name as a known caller's id is.
         Box::pin(std::future::ready(Ok(self.count_key(
             RateKey::Principal(key),
             limit,
