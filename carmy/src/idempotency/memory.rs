@@ -7,6 +7,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use hashbrown::HashTable;
 use tokio::sync::watch;
@@ -19,6 +20,8 @@ use super::{
     ProcessExecutions, RecordedEvent, RecordedOutcome, Reservation, StoreError, StoredResponse,
     StoredSubscription,
 };
+use crate::runtime::ExecutionStatus;
+use crate::tool_error::Category;
 
 /// Records kept by default before the oldest finished ones are evicted.
 const DEFAULT_CAPACITY: usize = 100_000;
@@ -68,30 +71,68 @@ struct Limits {
 }
 
 struct Shard {
-    /// Found by [`MemoryStore::hasher`]'s hash of the record's key.
-    records: HashTable<Record>,
-    hasher: RandomState,
+    /// Where each record is, found by [`MemoryStore::hasher`]'s hash of its key, which the slot
+    /// keeps: the table never hashes a key again, and its slots are small enough that its probes
+    /// stay in the cache.
+    index: HashTable<Slot>,
+    /// Ended records (finished or uncertain), oldest first. Eviction takes the front, so it
+    /// reads memory in order instead of a record scattered in a table (at capacity, every new
+    /// record evicts one). A record removed out of turn leaves a gap that the front passes.
+    ended: VecDeque<Option<Ended>>,
+    /// The number of `ended`'s front: an ended record keeps its number while it stays.
+    first: u64,
     /// The sum of the records' [`weight`]s.
     bytes: usize,
-    /// Finished records, oldest first, as (hash of the key, generation): a generation is the
-    /// shard's alone, so it finds its record among those of its hash without the key (neither
-    /// held, nor hashed again, nor compared when evicting). Entries whose record has since
-    /// changed are skipped.
-    finished: VecDeque<(u64, u64)>,
-    next_generation: u64,
 }
 
-struct Record {
+struct Slot {
+    hash: u64,
+    place: Place,
+}
+
+enum Place {
+    /// Boxed: a running record is large, and few are running at once.
+    Running(Box<Running>),
+    /// Its number in [`Shard::ended`].
+    Ended(u64),
+}
+
+/// A reserved key whose execution has not ended.
+struct Running {
     key: IdempotencyKey,
     /// The recorded call's tool, reported on a conflict.
     tool: Arc<str>,
     /// The first half of the fingerprint's SHA-256: 128 bits tell calls apart as surely, and
     /// 16 bytes less per record keeps 100,000 records within 64 MiB.
     digest: [u8; 16],
-    state: State,
+    execution_id: Arc<str>,
+    /// Dropping the sender wakes the duplicates waiting for this execution. It is made for the
+    /// first duplicate: most calls have none, and a channel is an allocation and, when dropped,
+    /// a wake-up of its eight waiter lists.
+    changed: Option<watch::Sender<()>>,
+    lease_until: Instant,
+    /// A running record lives until its lease, whatever the ttl; then it is uncertain.
     expires_at: Instant,
-    generation: u64,
     /// What the record takes in memory, as [`weight`] counts it.
+    bytes: usize,
+}
+
+/// A finished or uncertain record. Its texts share one allocation, so evicting it frees one
+/// block rather than one per text.
+struct Ended {
+    /// The hash of its key, to find its slot.
+    hash: u64,
+    caller: Arc<str>,
+    tool: Arc<str>,
+    digest: [u8; 16],
+    expires_at: Instant,
+    /// `None`: uncertain, the call may have happened.
+    answer: Option<(ExecutionStatus, Option<Category>)>,
+    /// The request id, the execution id, the answer's error code, then its body.
+    text: Box<[u8]>,
+    request_id_len: usize,
+    execution_id_len: usize,
+    code_len: Option<usize>,
     bytes: usize,
 }
 
@@ -104,35 +145,110 @@ struct Claim<'a> {
     ttl: Duration,
 }
 
-/// Each state holds the id of the execution that reserved the key: once, as the answer's own
-/// copy when there is one (16 bytes less per record than a field beside the state).
-enum State {
-    /// Dropping the sender wakes the duplicates waiting for this execution. It is made for
-    /// the first duplicate: most calls have none, and a channel is an allocation and, when
-    /// dropped, a wake-up of its eight waiter lists.
-    Running {
-        execution_id: Arc<str>,
-        changed: Option<watch::Sender<()>>,
-        lease_until: Instant,
-    },
-    Finished(StoredResponse),
-    Uncertain {
-        execution_id: Arc<str>,
-    },
+/// What a record is made of, whichever its state: what an ended record is built from.
+struct Called<'a> {
+    hash: u64,
+    caller: &'a Arc<str>,
+    request_id: &'a [u8],
+    tool: &'a Arc<str>,
+    digest: [u8; 16],
+    execution_id: &'a [u8],
 }
 
-impl Record {
-    fn execution_id(&self) -> &Arc<str> {
-        match &self.state {
-            State::Running { execution_id, .. } | State::Uncertain { execution_id } => execution_id,
-            State::Finished(response) => &response.execution_id,
+impl Running {
+    fn called(&self, hash: u64) -> Called<'_> {
+        Called {
+            hash,
+            caller: &self.key.caller,
+            request_id: self.key.request_id.as_bytes(),
+            tool: &self.tool,
+            digest: self.digest,
+            execution_id: self.execution_id.as_bytes(),
+        }
+    }
+}
+
+impl Ended {
+    /// The record of `called`, ended with `answer` (`None`: uncertain).
+    fn new(called: &Called<'_>, answer: Option<&StoredResponse>, expires_at: Instant) -> Self {
+        let code = answer.and_then(|answer| answer.code.as_deref());
+        let body = answer.map_or(&[][..], |answer| &answer.body[..]);
+        let mut text = Vec::with_capacity(
+            called.request_id.len()
+                + called.execution_id.len()
+                + code.map_or(0, str::len)
+                + body.len(),
+        );
+        text.extend_from_slice(called.request_id);
+        text.extend_from_slice(called.execution_id);
+        text.extend_from_slice(code.unwrap_or_default().as_bytes());
+        text.extend_from_slice(body);
+        Ended {
+            hash: called.hash,
+            caller: Arc::clone(called.caller),
+            tool: Arc::clone(called.tool),
+            digest: called.digest,
+            expires_at,
+            answer: answer.map(|answer| (answer.status, answer.category)),
+            text: text.into_boxed_slice(),
+            request_id_len: called.request_id.len(),
+            execution_id_len: called.execution_id.len(),
+            code_len: code.map(str::len),
+            bytes: weight(
+                called.caller.len() + called.request_id.len(),
+                called.tool,
+                called.execution_id.len(),
+                answer,
+            ),
         }
     }
 
-    /// Ends the record without an answer: a retry learns that the call may have happened.
-    fn make_uncertain(&mut self) {
-        let execution_id = self.execution_id().clone();
-        self.state = State::Uncertain { execution_id };
+    fn called(&self) -> Called<'_> {
+        Called {
+            hash: self.hash,
+            caller: &self.caller,
+            request_id: self.request_id(),
+            tool: &self.tool,
+            digest: self.digest,
+            execution_id: self.execution_id(),
+        }
+    }
+
+    fn request_id(&self) -> &[u8] {
+        &self.text[..self.request_id_len]
+    }
+
+    fn execution_id(&self) -> &[u8] {
+        &self.text[self.request_id_len..][..self.execution_id_len]
+    }
+
+    fn is(&self, key: &IdempotencyKey) -> bool {
+        self.caller == key.caller && self.request_id() == key.request_id.as_bytes()
+    }
+
+    /// The execution id, as the answers that name it carry it.
+    fn shared_execution_id(&self) -> Arc<str> {
+        Arc::from(String::from_utf8_lossy(self.execution_id()))
+    }
+
+    /// What a retry of the call gets.
+    fn replay(&self) -> Reservation {
+        let Some((status, category)) = self.answer else {
+            return Reservation::Uncertain {
+                execution_id: self.shared_execution_id(),
+            };
+        };
+        let texts = self.request_id_len + self.execution_id_len;
+        let code_len = self.code_len.unwrap_or(0);
+        Reservation::Finished(StoredResponse {
+            execution_id: self.shared_execution_id(),
+            status,
+            category,
+            code: self
+                .code_len
+                .map(|_| Arc::from(String::from_utf8_lossy(&self.text[texts..][..code_len]))),
+            body: Bytes::copy_from_slice(&self.text[texts + code_len..]),
+        })
     }
 }
 
@@ -181,15 +297,7 @@ impl MemoryStore {
         let hasher = RandomState::new();
         MemoryStore {
             shards: (0..shard_count)
-                .map(|_| {
-                    Mutex::new(Shard {
-                        records: HashTable::with_capacity(limits.records.min(RECORDS_PER_SHARD)),
-                        hasher: hasher.clone(),
-                        bytes: 0,
-                        finished: VecDeque::new(),
-                        next_generation: 0,
-                    })
-                })
+                .map(|_| Mutex::new(Shard::new(limits)))
                 .collect(),
             limits,
             hasher,
@@ -223,7 +331,7 @@ impl MemoryStore {
     /// How many records it holds now (running, finished and uncertain).
     pub fn len(&self) -> usize {
         (0..self.shards.len())
-            .map(|index| self.lock(index).records.len())
+            .map(|index| self.lock(index).index.len())
             .sum()
     }
 
@@ -250,6 +358,15 @@ impl MemoryStore {
 }
 
 impl Shard {
+    fn new(limits: Limits) -> Self {
+        Shard {
+            index: HashTable::with_capacity(limits.records.min(RECORDS_PER_SHARD)),
+            ended: VecDeque::new(),
+            first: 0,
+            bytes: 0,
+        }
+    }
+
     fn reserve(
         &mut self,
         hash: u64,
@@ -258,28 +375,30 @@ impl Shard {
         limits: Limits,
         now: Instant,
     ) -> Reservation {
-        let generation = self.next_generation();
-        if let Some(record) = self.records.find_mut(hash, |record| record.key == *key) {
-            if record.expires_at > now {
-                if record.tool != claim.fingerprint.tool
-                    || record.digest != short_digest(claim.fingerprint)
-                {
-                    return Reservation::Conflict {
-                        tool: record.tool.clone(),
-                    };
-                }
-                match &mut record.state {
-                    State::Running {
-                        execution_id,
-                        changed,
-                        lease_until,
-                    } if *lease_until > now => {
-                        let mut changed = changed
+        let Shard {
+            index,
+            ended,
+            first,
+            ..
+        } = self;
+        if let Some(slot) = index.find_mut(hash, |slot| is_key(slot, hash, key, ended, *first)) {
+            match &mut slot.place {
+                Place::Running(running) if running.expires_at > now => {
+                    if running.tool != claim.fingerprint.tool
+                        || running.digest != short_digest(claim.fingerprint)
+                    {
+                        return Reservation::Conflict {
+                            tool: running.tool.clone(),
+                        };
+                    }
+                    if running.lease_until > now {
+                        let mut changed = running
+                            .changed
                             .get_or_insert_with(|| watch::channel(()).0)
                             .subscribe();
-                        let lease_until = *lease_until;
+                        let lease_until = running.lease_until;
                         return Reservation::Running {
-                            execution_id: execution_id.clone(),
+                            execution_id: running.execution_id.clone(),
                             changed: Box::pin(async move {
                                 // The sender is dropped when the record changes; the lease
                                 // passing changes it too.
@@ -290,48 +409,53 @@ impl Shard {
                             }),
                         };
                     }
-                    State::Running { .. } => {
-                        // Its execution outlived its lease: from now on it is uncertain.
-                        record.make_uncertain();
-                        record.generation = generation;
-                        let execution_id = record.execution_id().clone();
-                        self.queue_finished(hash, generation);
-                        return Reservation::Uncertain { execution_id };
-                    }
-                    State::Finished(response) => return Reservation::Finished(response.clone()),
-                    State::Uncertain { execution_id } => {
-                        return Reservation::Uncertain {
-                            execution_id: execution_id.clone(),
-                        };
+                    // Its execution outlived its lease: from now on it is uncertain.
+                    let execution_id = running.execution_id.clone();
+                    let expires_at = running.expires_at;
+                    self.end(hash, key, None, expires_at);
+                    return Reservation::Uncertain { execution_id };
+                }
+                Place::Ended(number) => {
+                    if let Some(record) = ended_at(ended, *first, *number)
+                        && record.expires_at > now
+                    {
+                        if record.tool != claim.fingerprint.tool
+                            || record.digest != short_digest(claim.fingerprint)
+                        {
+                            return Reservation::Conflict {
+                                tool: record.tool.clone(),
+                            };
+                        }
+                        return record.replay();
                     }
                 }
+                Place::Running(_) => {}
             }
-            self.remove(hash, key);
+            self.remove_if(hash, |record| record.is(key));
         }
-        let bytes = weight(key, &claim.fingerprint.tool, claim.execution_id, None);
+        let bytes = weight(
+            key.caller.len() + key.request_id.len(),
+            &claim.fingerprint.tool,
+            claim.execution_id.len(),
+            None,
+        );
         if !self.make_room(limits, bytes, None, now) {
             return Reservation::Full;
         }
         let lease_until = now + claim.lease;
-        let hasher = &self.hasher;
-        self.records.insert_unique(
-            hash,
-            Record {
-                key: key.clone(),
-                tool: claim.fingerprint.tool.clone(),
-                digest: short_digest(claim.fingerprint),
-                state: State::Running {
-                    execution_id: Arc::clone(claim.execution_id),
-                    changed: None,
-                    lease_until,
-                },
-                // A running record lives until its lease, whatever the ttl; then uncertain.
-                expires_at: lease_until + claim.ttl,
-                generation,
-                bytes,
-            },
-            |record| hasher.hash_one(&record.key),
-        );
+        let running = Running {
+            key: key.clone(),
+            tool: claim.fingerprint.tool.clone(),
+            digest: short_digest(claim.fingerprint),
+            execution_id: Arc::clone(claim.execution_id),
+            changed: None,
+            lease_until,
+            expires_at: lease_until + claim.ttl,
+            bytes,
+        };
+        let place = Place::Running(Box::new(running));
+        self.index
+            .insert_unique(hash, Slot { hash, place }, |slot| slot.hash);
         self.bytes += bytes;
         Reservation::Reserved
     }
@@ -340,81 +464,124 @@ impl Shard {
         &mut self,
         hash: u64,
         key: &IdempotencyKey,
-        finish: Finish,
+        finish: &Finish,
         limits: Limits,
         now: Instant,
         ttl: Duration,
     ) {
-        let generation = self.next_generation();
-        let Some(record) = self
-            .records
-            .find_mut(hash, |record| record.key == *key)
-            .filter(|record| *record.execution_id() == *finish.execution_id())
-        else {
+        let execution_id = finish.execution_id().as_bytes();
+        let held = self.holds(hash, |record| {
+            record.is(key) && record.execution_id() == execution_id
+        });
+        if !held {
             return;
+        }
+        let response = match finish {
+            Finish::Response(response) => Some(response),
+            Finish::Uncertain { .. } => None,
         };
-        let bytes = match finish {
-            Finish::Response(response) => {
-                let bytes = weight(key, &record.tool, &response.execution_id, Some(&response));
-                record.state = State::Finished(response);
-                bytes
-            }
-            Finish::Uncertain { .. } => {
-                record.make_uncertain();
-                record.bytes
-            }
-        };
-        self.bytes = self.bytes - record.bytes + bytes;
-        record.bytes = bytes;
-        record.expires_at = now + ttl;
-        record.generation = generation;
-        self.queue_finished(hash, generation);
-        if !self.make_room(limits, 0, Some(generation), now)
-            && let Some(record) = self.records.find_mut(hash, |record| record.key == *key)
-        {
+        let number = self.end(hash, key, response, now + ttl);
+        if !self.make_room(limits, 0, number, now) && response.is_some() {
             // This answer alone is over the shard's part of the bound: keep that the call
             // happened, not what it answered.
-            let bytes = weight(key, &record.tool, record.execution_id(), None);
             tracing::warn!(
-                answer_bytes = record.bytes,
+                answer_bytes = self
+                    .ended
+                    .back()
+                    .and_then(Option::as_ref)
+                    .map_or(0, |record| record.bytes),
                 max_bytes = limits.bytes,
                 "an answer too large for the idempotency store was not kept: a retry gets \
                  EXECUTION_UNCERTAIN"
             );
-            record.make_uncertain();
-            self.bytes = self.bytes - record.bytes + bytes;
-            record.bytes = bytes;
+            self.end(hash, key, None, now + ttl);
         }
+    }
+
+    /// Ends the record of `key` with `answer` (`None`: uncertain) at the back of the line;
+    /// returns its number there, `None` if there is no such record.
+    fn end(
+        &mut self,
+        hash: u64,
+        key: &IdempotencyKey,
+        answer: Option<&StoredResponse>,
+        expires_at: Instant,
+    ) -> Option<u64> {
+        let Shard {
+            index,
+            ended,
+            first,
+            bytes,
+        } = self;
+        let slot = index.find_mut(hash, |slot| is_key(slot, hash, key, ended, *first))?;
+        let record = match &slot.place {
+            Place::Running(running) => Ended::new(&running.called(hash), answer, expires_at),
+            Place::Ended(earlier) => Ended::new(
+                &ended_at(ended, *first, *earlier)?.called(),
+                answer,
+                expires_at,
+            ),
+        };
+        let number = *first + ended.len() as u64;
+        match std::mem::replace(&mut slot.place, Place::Ended(number)) {
+            Place::Running(running) => *bytes -= running.bytes,
+            Place::Ended(earlier) => {
+                if let Some(earlier) = ended_at_mut(ended, *first, earlier).and_then(Option::take) {
+                    *bytes -= earlier.bytes;
+                }
+            }
+        }
+        *bytes += record.bytes;
+        ended.push_back(Some(record));
+        // Closing gaps renumbers the line: the record's number is the back's.
+        self.compact_if_sparse();
+        Some(self.first + self.ended.len() as u64 - 1)
+    }
+
+    /// Whether the record of hash `hash` that `is_it` picks is there.
+    fn holds(&self, hash: u64, is_it: impl Fn(Shape<'_>) -> bool) -> bool {
+        self.index
+            .find(hash, |slot| {
+                slot.hash == hash && is_it(shape(slot, &self.ended, self.first))
+            })
+            .is_some()
     }
 
     /// Frees `key` if `execution_id` still holds it.
     fn release(&mut self, hash: u64, key: &IdempotencyKey, execution_id: &str) {
         self.remove_if(hash, |record| {
-            record.key == *key && **record.execution_id() == *execution_id
+            record.is(key) && record.execution_id() == execution_id.as_bytes()
         });
     }
 
-    fn remove(&mut self, hash: u64, key: &IdempotencyKey) {
-        self.remove_if(hash, |record| record.key == *key);
-    }
-
     /// Drops the record of hash `hash` that `is_it` picks, if there is one, and its bytes.
-    fn remove_if(&mut self, hash: u64, is_it: impl Fn(&Record) -> bool) {
-        if let Ok(entry) = self.records.find_entry(hash, is_it) {
-            self.bytes -= entry.remove().0.bytes;
+    fn remove_if(&mut self, hash: u64, is_it: impl Fn(Shape<'_>) -> bool) {
+        let Shard {
+            index,
+            ended,
+            first,
+            bytes,
+        } = self;
+        let found = index.find_entry(hash, |slot| {
+            slot.hash == hash && is_it(shape(slot, ended, *first))
+        });
+        if let Ok(entry) = found {
+            match entry.remove().0.place {
+                Place::Running(running) => *bytes -= running.bytes,
+                Place::Ended(number) => {
+                    if let Some(record) = ended_at_mut(ended, *first, number).and_then(Option::take)
+                    {
+                        *bytes -= record.bytes;
+                    }
+                }
+            }
         }
-    }
-
-    fn queue_finished(&mut self, hash: u64, generation: u64) {
-        self.finished.push_back((hash, generation));
-        if self.finished.len() > 2 * self.records.len().max(16) {
-            self.compact_finished();
-        }
+        self.compact_if_sparse();
     }
 
     /// Makes room for a new record of `incoming` bytes (none: room for what is held), evicting
-    /// the oldest finished records, never the one of generation `keep`, then expired ones.
-    /// `false` if it cannot.
+    /// the oldest ended records, never the one numbered `keep`, then expired ones. `false` if
+    /// it cannot.
     fn make_room(
         &mut self,
         limits: Limits,
@@ -424,18 +591,25 @@ impl Shard {
     ) -> bool {
         let new_records = usize::from(incoming > 0);
         let fits = |shard: &Shard| {
-            shard.records.len() + new_records <= limits.records
+            shard.index.len() + new_records <= limits.records
                 && shard.bytes + incoming <= limits.bytes
         };
-        while !fits(self) {
-            let Some((hash, generation)) = self.finished.pop_front() else {
+        while !fits(self) && keep != Some(self.first) {
+            let Some(oldest) = self.ended.pop_front() else {
                 break;
             };
-            if keep == Some(generation) {
-                self.finished.push_front((hash, generation));
-                break;
+            let number = self.first;
+            self.first += 1;
+            if let Some(record) = oldest {
+                let slot = self.index.find_entry(
+                    record.hash,
+                    |slot| matches!(slot.place, Place::Ended(at) if at == number),
+                );
+                if let Ok(slot) = slot {
+                    slot.remove();
+                }
+                self.bytes -= record.bytes;
             }
-            self.remove_if(hash, |record| record.generation == generation);
         }
         if !fits(self) {
             // Only running records remain; drop those that outlived their lease and ttl.
@@ -445,54 +619,145 @@ impl Shard {
     }
 
     fn purge_expired(&mut self, now: Instant) -> usize {
-        let before = self.records.len();
-        let bytes = &mut self.bytes;
-        self.records.retain(|record| {
-            let keep = record.expires_at > now;
-            if !keep {
-                *bytes -= record.bytes;
+        let before = self.index.len();
+        let Shard {
+            index,
+            ended,
+            first,
+            bytes,
+        } = self;
+        index.retain(|slot| match &slot.place {
+            Place::Running(running) => {
+                let keep = running.expires_at > now;
+                if !keep {
+                    *bytes -= running.bytes;
+                }
+                keep
             }
-            keep
+            Place::Ended(number) => {
+                let Some(record) = ended_at_mut(ended, *first, *number) else {
+                    return false;
+                };
+                let keep = record
+                    .as_ref()
+                    .is_some_and(|record| record.expires_at > now);
+                if !keep && let Some(expired) = record.take() {
+                    *bytes -= expired.bytes;
+                }
+                keep
+            }
         });
-        self.compact_finished();
-        before - self.records.len()
+        while let Some(None) = self.ended.front() {
+            self.ended.pop_front();
+            self.first += 1;
+        }
+        self.compact_if_sparse();
+        before - self.index.len()
     }
 
-    /// Drops queue entries whose record has changed or gone.
-    fn compact_finished(&mut self) {
-        let records = &self.records;
-        self.finished.retain(|&(hash, generation)| {
-            records
-                .find(hash, |record| record.generation == generation)
-                .is_some()
-        });
-    }
-
-    fn next_generation(&mut self) -> u64 {
-        self.next_generation += 1;
-        self.next_generation
+    /// Closes the gaps in the line once they outnumber the records, renumbering those that
+    /// stay (their slots with them).
+    fn compact_if_sparse(&mut self) {
+        if self.ended.len() <= 2 * self.index.len().max(16) {
+            return;
+        }
+        let mut next = self.first;
+        let mut kept = VecDeque::with_capacity(self.index.len());
+        for (number, record) in (self.first..).zip(self.ended.drain(..)) {
+            let Some(record) = record else { continue };
+            let slot = self.index.find_mut(
+                record.hash,
+                |slot| matches!(slot.place, Place::Ended(at) if at == number),
+            );
+            if let Some(slot) = slot {
+                slot.place = Place::Ended(next);
+                next += 1;
+                kept.push_back(Some(record));
+            }
+        }
+        self.ended = kept;
     }
 }
 
-/// What a record takes in memory: its fixed parts, its key, tool and execution id (counted
-/// whole even where shared), and its answer.
-fn weight(
+/// A record as a lookup sees it, whichever its state.
+#[derive(Clone, Copy)]
+enum Shape<'a> {
+    Running(&'a Running),
+    Ended(&'a Ended),
+    /// A slot whose ended record is gone (never left so: a slot goes with its record).
+    Missing,
+}
+
+impl<'a> Shape<'a> {
+    fn is(self, key: &IdempotencyKey) -> bool {
+        match self {
+            Shape::Running(running) => running.key == *key,
+            Shape::Ended(record) => record.is(key),
+            Shape::Missing => false,
+        }
+    }
+
+    fn execution_id(self) -> &'a [u8] {
+        match self {
+            Shape::Running(running) => running.execution_id.as_bytes(),
+            Shape::Ended(record) => record.execution_id(),
+            Shape::Missing => &[],
+        }
+    }
+}
+
+fn shape<'a>(slot: &'a Slot, ended: &'a VecDeque<Option<Ended>>, first: u64) -> Shape<'a> {
+    match &slot.place {
+        Place::Running(running) => Shape::Running(running),
+        Place::Ended(number) => {
+            ended_at(ended, first, *number).map_or(Shape::Missing, Shape::Ended)
+        }
+    }
+}
+
+/// Whether `slot` holds the record of `key` (of hash `hash`).
+fn is_key(
+    slot: &Slot,
+    hash: u64,
     key: &IdempotencyKey,
+    ended: &VecDeque<Option<Ended>>,
+    first: u64,
+) -> bool {
+    slot.hash == hash && shape(slot, ended, first).is(key)
+}
+
+fn ended_at(ended: &VecDeque<Option<Ended>>, first: u64, number: u64) -> Option<&Ended> {
+    let at = usize::try_from(number.checked_sub(first)?).ok()?;
+    ended.get(at)?.as_ref()
+}
+
+fn ended_at_mut(
+    ended: &mut VecDeque<Option<Ended>>,
+    first: u64,
+    number: u64,
+) -> Option<&mut Option<Ended>> {
+    let at = usize::try_from(number.checked_sub(first)?).ok()?;
+    ended.get_mut(at)
+}
+
+/// What a record takes in memory: its fixed parts, its key (`key_len`: the caller's id and the
+/// request id), tool and execution id (counted whole even where shared), and its answer.
+fn weight(
+    key_len: usize,
     tool: &str,
-    execution_id: &str,
+    execution_id_len: usize,
     response: Option<&StoredResponse>,
 ) -> usize {
-    const FIXED: usize = size_of::<Record>()
-        + size_of::<(u64, u64)>()
-        + size_of::<StoredResponse>()
-        // Four `Arc` headers and a hash table's control byte and slack.
+    const FIXED: usize = size_of::<Slot>()
+        + size_of::<Option<Ended>>()
+        + size_of::<Running>()
+        // Allocation and `Arc` headers, and a hash table's control byte and slack.
         + 4 * 16
         + 16;
     FIXED
-        + key.caller().len()
-        + key.request_id().len()
+        + key_len
         + tool.len()
-        + execution_id.len()
+        + execution_id_len
         + response.map_or(0, |response| {
             response.body.len() + response.code.as_deref().map_or(0, str::len)
         })
@@ -532,7 +797,7 @@ impl IdempotencyStore for MemoryStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         let (hash, mut shard) = self.shard(key);
-        shard.finish(hash, key, finish, self.limits, Instant::now(), ttl);
+        shard.finish(hash, key, &finish, self.limits, Instant::now(), ttl);
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -737,7 +1002,7 @@ mod tests {
         let kept = store.len();
         assert!(kept >= capacity * 97 / 100, "kept {kept} of {capacity}");
         let fullest = (0..store.shards.len())
-            .map(|index| store.lock(index).records.len())
+            .map(|index| store.lock(index).index.len())
             .max();
         assert_eq!(fullest, Some(RECORDS_PER_SHARD));
     }
@@ -784,8 +1049,59 @@ mod tests {
         record(&store, "caller", "req-0");
     }
 
-    /// A key recorded again after its record expired stands twice in the line of finished
-    /// records: the first entry, stale, evicts nothing, and the key leaves at its new place.
+    /// Records removed out of turn (expired, then recorded again) leave gaps in the line of
+    /// ended records. The line closes them once they outnumber the records: it stays bounded,
+    /// and every record is still found, evicted in its turn, and counted once.
+    #[tokio::test(start_paused = true)]
+    async fn gaps_left_out_of_turn_are_closed_and_no_record_is_lost() {
+        let store = MemoryStore::with_limits(8, MIN_SHARD_BYTES);
+        assert_eq!(store.shards.len(), 1);
+        let keys = ["a", "b", "c", "d"];
+        for round in 0..40 {
+            if round > 0 {
+                // Past the 60 s ttl: each key is recorded anew, leaving a gap.
+                tokio::time::advance(Duration::from_secs(61)).await;
+            }
+            for key in keys {
+                record(&store, "caller", key);
+            }
+        }
+        assert!(
+            store.lock(0).ended.len() <= 32,
+            "the line grew with its gaps"
+        );
+        assert_eq!(store.len(), 4);
+        let fresh = MemoryStore::with_limits(8, MIN_SHARD_BYTES);
+        for key in keys {
+            record(&fresh, "caller", key);
+        }
+        assert_eq!(store.bytes(), fresh.bytes(), "each record counted once");
+
+        // Five more over a capacity of eight: the oldest, `a`, goes.
+        for key in ["e", "f", "g", "h", "i"] {
+            record(&store, "caller", key);
+        }
+        assert_eq!(store.len(), 8);
+        for key in ["b", "c", "d", "e", "f", "g", "h", "i"] {
+            let execution_id = format!("exec_{key}");
+            assert_eq!(
+                replayed(&store, "caller", key).as_deref(),
+                Some(&*execution_id)
+            );
+        }
+        assert_eq!(replayed(&store, "caller", "a"), None, "a was evicted");
+
+        // Past every ttl and lease, a purge leaves nothing behind: eight records, `a` reserved
+        // by the lookup above in the place of `b`, the oldest then.
+        tokio::time::advance(Duration::from_secs(61)).await;
+        let purged = futures_util::FutureExt::now_or_never(store.purge_expired());
+        assert!(matches!(purged, Some(Ok(8))), "{purged:?}");
+        assert_eq!((store.len(), store.bytes()), (0, 0));
+        assert!(store.lock(0).ended.is_empty());
+    }
+
+    /// A key recorded again after its record expired leaves a gap where it stood in the line
+    /// of ended records: the gap evicts nothing, and the key leaves at its new place.
     #[tokio::test(start_paused = true)]
     async fn a_key_recorded_again_is_evicted_at_its_new_place_in_line() {
         let store = MemoryStore::with_limits(2, MIN_SHARD_BYTES);
@@ -795,7 +1111,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(61)).await;
         record(&store, "caller", "b");
         record(&store, "caller", "a");
-        assert_eq!(store.lock(0).finished.len(), 3);
+        assert_eq!(store.lock(0).ended.len(), 3);
         // Room for `c`: `b` is the oldest record, not the `a` of the stale entry.
         record(&store, "caller", "c");
         assert_eq!(store.len(), 2);
