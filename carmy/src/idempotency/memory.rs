@@ -381,7 +381,9 @@ impl Shard {
             first,
             ..
         } = self;
-        if let Some(slot) = index.find_mut(hash, |slot| is_key(slot, hash, key, ended, *first)) {
+        if let Some(slot) = index.find_mut(hash, |slot| {
+            picks(slot, hash, ended, *first, |record| record.is(key))
+        }) {
             match &mut slot.place {
                 Place::Running(running) if running.expires_at > now => {
                     if running.tool != claim.fingerprint.tool
@@ -412,7 +414,7 @@ impl Shard {
                     // Its execution outlived its lease: from now on it is uncertain.
                     let execution_id = running.execution_id.clone();
                     let expires_at = running.expires_at;
-                    self.end(hash, key, None, expires_at);
+                    self.end(hash, |record| record.is(key), None, expires_at);
                     return Reservation::Uncertain { execution_id };
                 }
                 Place::Ended(number) => {
@@ -470,18 +472,15 @@ impl Shard {
         ttl: Duration,
     ) {
         let execution_id = finish.execution_id().as_bytes();
-        let held = self.holds(hash, |record| {
-            record.is(key) && record.execution_id() == execution_id
-        });
-        if !held {
-            return;
-        }
         let response = match finish {
             Finish::Response(response) => Some(response),
             Finish::Uncertain { .. } => None,
         };
-        let number = self.end(hash, key, response, now + ttl);
-        if !self.make_room(limits, 0, number, now) && response.is_some() {
+        let held = |record: Shape<'_>| record.is(key) && record.execution_id() == execution_id;
+        let Some(number) = self.end(hash, held, response, now + ttl) else {
+            return;
+        };
+        if !self.make_room(limits, 0, Some(number), now) && response.is_some() {
             // This answer alone is over the shard's part of the bound: keep that the call
             // happened, not what it answered.
             tracing::warn!(
@@ -494,16 +493,16 @@ impl Shard {
                 "an answer too large for the idempotency store was not kept: a retry gets \
                  EXECUTION_UNCERTAIN"
             );
-            self.end(hash, key, None, now + ttl);
+            self.end(hash, held, None, now + ttl);
         }
     }
 
-    /// Ends the record of `key` with `answer` (`None`: uncertain) at the back of the line;
-    /// returns its number there, `None` if there is no such record.
+    /// Ends the record of hash `hash` that `is_it` picks with `answer` (`None`: uncertain), at
+    /// the back of the line; returns its number there, `None` if there is no such record.
     fn end(
         &mut self,
         hash: u64,
-        key: &IdempotencyKey,
+        is_it: impl Fn(Shape<'_>) -> bool,
         answer: Option<&StoredResponse>,
         expires_at: Instant,
     ) -> Option<u64> {
@@ -513,7 +512,7 @@ impl Shard {
             first,
             bytes,
         } = self;
-        let slot = index.find_mut(hash, |slot| is_key(slot, hash, key, ended, *first))?;
+        let slot = index.find_mut(hash, |slot| picks(slot, hash, ended, *first, &is_it))?;
         let record = match &slot.place {
             Place::Running(running) => Ended::new(&running.called(hash), answer, expires_at),
             Place::Ended(earlier) => Ended::new(
@@ -538,15 +537,6 @@ impl Shard {
         Some(self.first + self.ended.len() as u64 - 1)
     }
 
-    /// Whether the record of hash `hash` that `is_it` picks is there.
-    fn holds(&self, hash: u64, is_it: impl Fn(Shape<'_>) -> bool) -> bool {
-        self.index
-            .find(hash, |slot| {
-                slot.hash == hash && is_it(shape(slot, &self.ended, self.first))
-            })
-            .is_some()
-    }
-
     /// Frees `key` if `execution_id` still holds it.
     fn release(&mut self, hash: u64, key: &IdempotencyKey, execution_id: &str) {
         self.remove_if(hash, |record| {
@@ -562,9 +552,7 @@ impl Shard {
             first,
             bytes,
         } = self;
-        let found = index.find_entry(hash, |slot| {
-            slot.hash == hash && is_it(shape(slot, ended, *first))
-        });
+        let found = index.find_entry(hash, |slot| picks(slot, hash, ended, *first, &is_it));
         if let Ok(entry) = found {
             match entry.remove().0.place {
                 Place::Running(running) => *bytes -= running.bytes,
@@ -715,15 +703,15 @@ fn shape<'a>(slot: &'a Slot, ended: &'a VecDeque<Option<Ended>>, first: u64) -> 
     }
 }
 
-/// Whether `slot` holds the record of `key` (of hash `hash`).
-fn is_key(
+/// Whether `slot` holds the record of hash `hash` that `is_it` picks.
+fn picks(
     slot: &Slot,
     hash: u64,
-    key: &IdempotencyKey,
     ended: &VecDeque<Option<Ended>>,
     first: u64,
+    is_it: impl Fn(Shape<'_>) -> bool,
 ) -> bool {
-    slot.hash == hash && shape(slot, ended, first).is(key)
+    slot.hash == hash && is_it(shape(slot, ended, first))
 }
 
 fn ended_at(ended: &VecDeque<Option<Ended>>, first: u64, number: u64) -> Option<&Ended> {
