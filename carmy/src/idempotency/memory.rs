@@ -77,12 +77,57 @@ struct Shard {
     index: HashTable<Slot>,
     /// Ended records (finished or uncertain), oldest first. Eviction takes the front, so it
     /// reads memory in order instead of a record scattered in a table (at capacity, every new
-    /// record evicts one). A record removed out of turn leaves a gap that the front passes.
-    ended: VecDeque<Option<Ended>>,
-    /// The number of `ended`'s front: an ended record keeps its number while it stays.
-    first: u64,
+    /// record evicts one).
+    line: Line,
     /// The sum of the records' [`weight`]s.
     bytes: usize,
+}
+
+/// Ended records in the order they ended. A record removed out of turn leaves a gap that the
+/// front passes over.
+#[derive(Default)]
+struct Line {
+    records: VecDeque<Option<Ended>>,
+    /// The number of the front: a record keeps its number while it stays.
+    first: u64,
+}
+
+impl Line {
+    fn get(&self, number: u64) -> Option<&Ended> {
+        self.records.get(self.at(number)?)?.as_ref()
+    }
+
+    /// Takes the record numbered `number` out, leaving a gap.
+    fn take(&mut self, number: u64) -> Option<Ended> {
+        let at = self.at(number)?;
+        self.records.get_mut(at)?.take()
+    }
+
+    fn at(&self, number: u64) -> Option<usize> {
+        usize::try_from(number.checked_sub(self.first)?).ok()
+    }
+
+    /// The number the next record will take.
+    fn next(&self) -> u64 {
+        self.first + self.records.len() as u64
+    }
+
+    fn push(&mut self, record: Ended) {
+        self.records.push_back(Some(record));
+    }
+
+    /// The front, with its number: a record, or a gap.
+    fn pop_front(&mut self) -> Option<(u64, Option<Ended>)> {
+        let front = self.records.pop_front()?;
+        self.first += 1;
+        Some((self.first - 1, front))
+    }
+
+    fn trim_gaps(&mut self) {
+        while let Some(None) = self.records.front() {
+            self.pop_front();
+        }
+    }
 }
 
 struct Slot {
@@ -93,7 +138,7 @@ struct Slot {
 enum Place {
     /// Boxed: a running record is large, and few are running at once.
     Running(Box<Running>),
-    /// Its number in [`Shard::ended`].
+    /// Its number in [`Shard::line`].
     Ended(u64),
 }
 
@@ -361,8 +406,7 @@ impl Shard {
     fn new(limits: Limits) -> Self {
         Shard {
             index: HashTable::with_capacity(limits.records.min(RECORDS_PER_SHARD)),
-            ended: VecDeque::new(),
-            first: 0,
+            line: Line::default(),
             bytes: 0,
         }
     }
@@ -375,14 +419,9 @@ impl Shard {
         limits: Limits,
         now: Instant,
     ) -> Reservation {
-        let Shard {
-            index,
-            ended,
-            first,
-            ..
-        } = self;
+        let Shard { index, line, .. } = self;
         if let Some(slot) = index.find_mut(hash, |slot| {
-            picks(slot, hash, ended, *first, |record| record.is(key))
+            picks(slot, hash, line, |record| record.is(key))
         }) {
             match &mut slot.place {
                 Place::Running(running) if running.expires_at > now => {
@@ -418,7 +457,7 @@ impl Shard {
                     return Reservation::Uncertain { execution_id };
                 }
                 Place::Ended(number) => {
-                    if let Some(record) = ended_at(ended, *first, *number)
+                    if let Some(record) = line.get(*number)
                         && record.expires_at > now
                     {
                         if record.tool != claim.fingerprint.tool
@@ -484,11 +523,7 @@ impl Shard {
             // This answer alone is over the shard's part of the bound: keep that the call
             // happened, not what it answered.
             tracing::warn!(
-                answer_bytes = self
-                    .ended
-                    .back()
-                    .and_then(Option::as_ref)
-                    .map_or(0, |record| record.bytes),
+                answer_bytes = self.line.get(number).map_or(0, |record| record.bytes),
                 max_bytes = limits.bytes,
                 "an answer too large for the idempotency store was not kept: a retry gets \
                  EXECUTION_UNCERTAIN"
@@ -506,35 +541,19 @@ impl Shard {
         answer: Option<&StoredResponse>,
         expires_at: Instant,
     ) -> Option<u64> {
-        let Shard {
-            index,
-            ended,
-            first,
-            bytes,
-        } = self;
-        let slot = index.find_mut(hash, |slot| picks(slot, hash, ended, *first, &is_it))?;
+        let Shard { index, line, bytes } = self;
+        let slot = index.find_mut(hash, |slot| picks(slot, hash, line, &is_it))?;
         let record = match &slot.place {
             Place::Running(running) => Ended::new(&running.called(hash), answer, expires_at),
-            Place::Ended(earlier) => Ended::new(
-                &ended_at(ended, *first, *earlier)?.called(),
-                answer,
-                expires_at,
-            ),
+            Place::Ended(earlier) => Ended::new(&line.get(*earlier)?.called(), answer, expires_at),
         };
-        let number = *first + ended.len() as u64;
-        match std::mem::replace(&mut slot.place, Place::Ended(number)) {
-            Place::Running(running) => *bytes -= running.bytes,
-            Place::Ended(earlier) => {
-                if let Some(earlier) = ended_at_mut(ended, *first, earlier).and_then(Option::take) {
-                    *bytes -= earlier.bytes;
-                }
-            }
-        }
+        let earlier = std::mem::replace(&mut slot.place, Place::Ended(line.next()));
+        *bytes -= drop_record(earlier, line);
         *bytes += record.bytes;
-        ended.push_back(Some(record));
+        line.push(record);
         // Closing gaps renumbers the line: the record's number is the back's.
         self.compact_if_sparse();
-        Some(self.first + self.ended.len() as u64 - 1)
+        Some(self.line.next() - 1)
     }
 
     /// Frees `key` if `execution_id` still holds it.
@@ -546,23 +565,9 @@ impl Shard {
 
     /// Drops the record of hash `hash` that `is_it` picks, if there is one, and its bytes.
     fn remove_if(&mut self, hash: u64, is_it: impl Fn(Shape<'_>) -> bool) {
-        let Shard {
-            index,
-            ended,
-            first,
-            bytes,
-        } = self;
-        let found = index.find_entry(hash, |slot| picks(slot, hash, ended, *first, &is_it));
-        if let Ok(entry) = found {
-            match entry.remove().0.place {
-                Place::Running(running) => *bytes -= running.bytes,
-                Place::Ended(number) => {
-                    if let Some(record) = ended_at_mut(ended, *first, number).and_then(Option::take)
-                    {
-                        *bytes -= record.bytes;
-                    }
-                }
-            }
+        let Shard { index, line, bytes } = self;
+        if let Ok(entry) = index.find_entry(hash, |slot| picks(slot, hash, line, &is_it)) {
+            *bytes -= drop_record(entry.remove().0.place, line);
         }
         self.compact_if_sparse();
     }
@@ -582,12 +587,10 @@ impl Shard {
             shard.index.len() + new_records <= limits.records
                 && shard.bytes + incoming <= limits.bytes
         };
-        while !fits(self) && keep != Some(self.first) {
-            let Some(oldest) = self.ended.pop_front() else {
+        while !fits(self) && keep != Some(self.line.first) {
+            let Some((number, oldest)) = self.line.pop_front() else {
                 break;
             };
-            let number = self.first;
-            self.first += 1;
             if let Some(record) = oldest {
                 let slot = self.index.find_entry(
                     record.hash,
@@ -608,12 +611,7 @@ impl Shard {
 
     fn purge_expired(&mut self, now: Instant) -> usize {
         let before = self.index.len();
-        let Shard {
-            index,
-            ended,
-            first,
-            bytes,
-        } = self;
+        let Shard { index, line, bytes } = self;
         index.retain(|slot| match &slot.place {
             Place::Running(running) => {
                 let keep = running.expires_at > now;
@@ -623,22 +621,16 @@ impl Shard {
                 keep
             }
             Place::Ended(number) => {
-                let Some(record) = ended_at_mut(ended, *first, *number) else {
-                    return false;
-                };
-                let keep = record
-                    .as_ref()
+                let keep = line
+                    .get(*number)
                     .is_some_and(|record| record.expires_at > now);
-                if !keep && let Some(expired) = record.take() {
-                    *bytes -= expired.bytes;
+                if !keep {
+                    *bytes -= line.take(*number).map_or(0, |record| record.bytes);
                 }
                 keep
             }
         });
-        while let Some(None) = self.ended.front() {
-            self.ended.pop_front();
-            self.first += 1;
-        }
+        self.line.trim_gaps();
         self.compact_if_sparse();
         before - self.index.len()
     }
@@ -646,24 +638,26 @@ impl Shard {
     /// Closes the gaps in the line once they outnumber the records, renumbering those that
     /// stay (their slots with them).
     fn compact_if_sparse(&mut self) {
-        if self.ended.len() <= 2 * self.index.len().max(16) {
+        if self.line.records.len() <= 2 * self.index.len().max(16) {
             return;
         }
-        let mut next = self.first;
-        let mut kept = VecDeque::with_capacity(self.index.len());
-        for (number, record) in (self.first..).zip(self.ended.drain(..)) {
+        let sparse = std::mem::take(&mut self.line);
+        let mut line = Line {
+            records: VecDeque::with_capacity(self.index.len()),
+            first: sparse.first,
+        };
+        for (number, record) in (sparse.first..).zip(sparse.records) {
             let Some(record) = record else { continue };
             let slot = self.index.find_mut(
                 record.hash,
                 |slot| matches!(slot.place, Place::Ended(at) if at == number),
             );
             if let Some(slot) = slot {
-                slot.place = Place::Ended(next);
-                next += 1;
-                kept.push_back(Some(record));
+                slot.place = Place::Ended(line.next());
+                line.push(record);
             }
         }
-        self.ended = kept;
+        self.line = line;
     }
 }
 
@@ -694,38 +688,25 @@ impl<'a> Shape<'a> {
     }
 }
 
-fn shape<'a>(slot: &'a Slot, ended: &'a VecDeque<Option<Ended>>, first: u64) -> Shape<'a> {
+fn shape<'a>(slot: &'a Slot, line: &'a Line) -> Shape<'a> {
     match &slot.place {
         Place::Running(running) => Shape::Running(running),
-        Place::Ended(number) => {
-            ended_at(ended, first, *number).map_or(Shape::Missing, Shape::Ended)
-        }
+        Place::Ended(number) => line.get(*number).map_or(Shape::Missing, Shape::Ended),
     }
 }
 
 /// Whether `slot` holds the record of hash `hash` that `is_it` picks.
-fn picks(
-    slot: &Slot,
-    hash: u64,
-    ended: &VecDeque<Option<Ended>>,
-    first: u64,
-    is_it: impl Fn(Shape<'_>) -> bool,
-) -> bool {
-    slot.hash == hash && is_it(shape(slot, ended, first))
+fn picks(slot: &Slot, hash: u64, line: &Line, is_it: impl Fn(Shape<'_>) -> bool) -> bool {
+    slot.hash == hash && is_it(shape(slot, line))
 }
 
-fn ended_at(ended: &VecDeque<Option<Ended>>, first: u64, number: u64) -> Option<&Ended> {
-    let at = usize::try_from(number.checked_sub(first)?).ok()?;
-    ended.get(at)?.as_ref()
-}
-
-fn ended_at_mut(
-    ended: &mut VecDeque<Option<Ended>>,
-    first: u64,
-    number: u64,
-) -> Option<&mut Option<Ended>> {
-    let at = usize::try_from(number.checked_sub(first)?).ok()?;
-    ended.get_mut(at)
+/// Drops the record `place` holds (an ended one leaves a gap in the line); returns the bytes it
+/// took. Dropping a running record wakes the duplicates waiting for it.
+fn drop_record(place: Place, line: &mut Line) -> usize {
+    match place {
+        Place::Running(running) => running.bytes,
+        Place::Ended(number) => line.take(number).map_or(0, |record| record.bytes),
+    }
 }
 
 /// What a record takes in memory: its fixed parts, its key (`key_len`: the caller's id and the
@@ -1055,7 +1036,7 @@ mod tests {
             }
         }
         assert!(
-            store.lock(0).ended.len() <= 32,
+            store.lock(0).line.records.len() <= 32,
             "the line grew with its gaps"
         );
         assert_eq!(store.len(), 4);
@@ -1085,7 +1066,7 @@ mod tests {
         let purged = futures_util::FutureExt::now_or_never(store.purge_expired());
         assert!(matches!(purged, Some(Ok(8))), "{purged:?}");
         assert_eq!((store.len(), store.bytes()), (0, 0));
-        assert!(store.lock(0).ended.is_empty());
+        assert!(store.lock(0).line.records.is_empty());
     }
 
     /// A key recorded again after its record expired leaves a gap where it stood in the line
@@ -1099,7 +1080,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(61)).await;
         record(&store, "caller", "b");
         record(&store, "caller", "a");
-        assert_eq!(store.lock(0).ended.len(), 3);
+        assert_eq!(store.lock(0).line.records.len(), 3);
         // Room for `c`: `b` is the oldest record, not the `a` of the stale entry.
         record(&store, "caller", "c");
         assert_eq!(store.len(), 2);
