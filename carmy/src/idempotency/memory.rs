@@ -72,8 +72,8 @@ struct Limits {
 
 struct Shard {
     /// Where each record is, found by [`MemoryStore::hasher`]'s hash of its key, which the slot
-    /// keeps: the table never hashes a key again, and its slots are small enough that its probes
-    /// stay in the cache.
+    /// keeps: the table never hashes a key again, and its slots are small (a hash and a place), so
+    /// a probe reads little memory.
     index: HashTable<Slot>,
     /// Ended records (finished or uncertain), oldest first. Eviction takes the front, so it
     /// reads memory in order instead of a record scattered in a table (at capacity, every new
@@ -228,6 +228,7 @@ impl Ended {
         text.extend_from_slice(called.execution_id);
         text.extend_from_slice(code.unwrap_or_default().as_bytes());
         text.extend_from_slice(body);
+        let bytes = weight(ENDED, called.caller, called.tool, text.len());
         Ended {
             hash: called.hash,
             caller: Arc::clone(called.caller),
@@ -239,12 +240,7 @@ impl Ended {
             request_id_len: called.request_id.len(),
             execution_id_len: called.execution_id.len(),
             code_len: code.map(str::len),
-            bytes: weight(
-                called.caller.len() + called.request_id.len(),
-                called.tool,
-                called.execution_id.len(),
-                answer,
-            ),
+            bytes,
         }
     }
 
@@ -474,12 +470,8 @@ impl Shard {
             }
             self.remove_if(hash, |record| record.is(key));
         }
-        let bytes = weight(
-            key.caller.len() + key.request_id.len(),
-            &claim.fingerprint.tool,
-            claim.execution_id.len(),
-            None,
-        );
+        let texts = key.request_id.len() + claim.execution_id.len();
+        let bytes = weight(RUNNING, &key.caller, &claim.fingerprint.tool, texts);
         if !self.make_room(limits, bytes, None, now) {
             return Reservation::Full;
         }
@@ -709,27 +701,17 @@ fn drop_record(place: Place, line: &mut Line) -> usize {
     }
 }
 
-/// What a record takes in memory: its fixed parts, its key (`key_len`: the caller's id and the
-/// request id), tool and execution id (counted whole even where shared), and its answer.
-fn weight(
-    key_len: usize,
-    tool: &str,
-    execution_id_len: usize,
-    response: Option<&StoredResponse>,
-) -> usize {
-    const FIXED: usize = size_of::<Slot>()
-        + size_of::<Option<Ended>>()
-        + size_of::<Running>()
-        // Allocation and `Arc` headers, and a hash table's control byte and slack.
-        + 4 * 16
-        + 16;
-    FIXED
-        + key_len
-        + tool.len()
-        + execution_id_len
-        + response.map_or(0, |response| {
-            response.body.len() + response.code.as_deref().map_or(0, str::len)
-        })
+/// What a running record takes beyond its texts: its slot, its box, the box's and the texts'
+/// `Arc` headers (counted whole even where shared), and a hash table's control byte and slack.
+const RUNNING: usize = size_of::<Slot>() + size_of::<Running>() + 4 * 16 + 16;
+/// What an ended record takes beyond its texts: its slot, its place in the line, its block's
+/// header, and a hash table's control byte and slack.
+const ENDED: usize = size_of::<Slot>() + size_of::<Option<Ended>>() + 16 + 16;
+
+/// What a record takes in memory, as the bounds count it: `fixed` ([`RUNNING`] or [`ENDED`]),
+/// its caller's id and tool (counted whole even where shared), and its other texts.
+fn weight(fixed: usize, caller: &str, tool: &str, texts: usize) -> usize {
+    fixed + caller.len() + tool.len() + texts
 }
 
 fn short_digest(fingerprint: &Fingerprint) -> [u8; 16] {
