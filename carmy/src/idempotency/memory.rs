@@ -511,11 +511,13 @@ impl Shard {
         let Some(number) = self.end(hash, held, response, now + ttl) else {
             return;
         };
-        if !self.make_room(limits, 0, Some(number), now) && response.is_some() {
+        if !self.make_room(limits, 0, Some(number), now)
+            && let Some(response) = response
+        {
             // This answer alone is over the shard's part of the bound: keep that the call
             // happened, not what it answered.
             tracing::warn!(
-                answer_bytes = self.line.get(number).map_or(0, |record| record.bytes),
+                answer_bytes = response.body.len(),
                 max_bytes = limits.bytes,
                 "an answer too large for the idempotency store was not kept: a retry gets \
                  EXECUTION_UNCERTAIN"
