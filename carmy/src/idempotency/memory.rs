@@ -1002,6 +1002,103 @@ mod tests {
         record(&store, "caller", "req-0");
     }
 
+    impl Shard {
+        /// Every slot finds its record and every record in the line has its slot; the bytes
+        /// are the sum of the records' weights; gaps never outnumber records for long.
+        fn check(&self, limits: Limits) {
+            let mut bytes = 0;
+            let mut ended = 0;
+            for slot in &self.index {
+                match &slot.place {
+                    Place::Running(running) => bytes += running.bytes,
+                    Place::Ended(number) => {
+                        let record = self.line.get(*number).expect("a slot's record is in line");
+                        assert_eq!(record.hash, slot.hash);
+                        bytes += record.bytes;
+                        ended += 1;
+                    }
+                }
+            }
+            assert_eq!(self.line.records.iter().flatten().count(), ended);
+            assert_eq!(self.bytes, bytes);
+            assert!(self.index.len() <= limits.records);
+            assert!(self.line.records.len() <= 2 * self.index.len().max(16) + 1);
+        }
+    }
+
+    /// Reserves, finishes (with an answer or uncertain), releases, lets time pass and purges
+    /// at random over a small shard, as callers, retries, crashes and expiry would: after each
+    /// step the index and the line agree, and no step panics.
+    #[tokio::test(start_paused = true)]
+    async fn the_index_and_the_line_agree_through_random_reservations_and_expiries() {
+        let store = MemoryStore::with_limits(48, MIN_SHARD_BYTES);
+        assert_eq!(store.shards.len(), 1);
+        let fingerprint = Fingerprint {
+            tool: Arc::from("tool"),
+            digest: [7; 32],
+        };
+        let mut holders: Vec<Option<Arc<str>>> = vec![None; 64];
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |below: u64| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % below
+        };
+        for step in 0..20_000 {
+            let number = next(64) as usize;
+            let key = IdempotencyKey::new("caller", format!("req-{number}"));
+            let seconds = |n| Duration::from_secs(n);
+            // Now and then a record kept for an hour holds the front of the line while those
+            // behind it expire: gaps build up behind it.
+            let ttl = seconds(if next(16) == 0 { 3_600 } else { 1 + next(3) });
+            match next(12) {
+                0..=3 => {
+                    let execution_id: Arc<str> = Arc::from(format!("exec_{number}_{step}"));
+                    let reserved = futures_util::FutureExt::now_or_never(store.reserve(
+                        &key,
+                        &fingerprint,
+                        &execution_id,
+                        seconds(1 + next(4)),
+                        ttl,
+                    ));
+                    if matches!(reserved, Some(Ok(Reservation::Reserved))) {
+                        holders[number] = Some(execution_id);
+                    }
+                }
+                4..=7 => {
+                    if let Some(execution_id) = holders[number].take() {
+                        let finish = if next(3) == 0 {
+                            Finish::Uncertain { execution_id }
+                        } else {
+                            Finish::Response(StoredResponse {
+                                body: Bytes::from(format!("{{\"n\":{step}}}")),
+                                execution_id,
+                                status: ExecutionStatus::Completed,
+                                category: None,
+                                code: None,
+                            })
+                        };
+                        let finished = store.finish(&key, finish, ttl);
+                        assert!(futures_util::FutureExt::now_or_never(finished).is_some());
+                    }
+                }
+                8 => {
+                    if let Some(execution_id) = holders[number].take() {
+                        let released = store.release(&key, &execution_id);
+                        assert!(futures_util::FutureExt::now_or_never(released).is_some());
+                    }
+                }
+                9 | 10 => tokio::time::advance(Duration::from_millis(next(800))).await,
+                _ => {
+                    let purged = store.purge_expired();
+                    assert!(futures_util::FutureExt::now_or_never(purged).is_some());
+                }
+            }
+            store.lock(0).check(store.limits);
+        }
+    }
+
     /// Records removed out of turn (expired, then recorded again) leave gaps in the line of
     /// ended records. The line closes them once they outnumber the records: it stays bounded,
     /// and every record is still found, evicted in its turn, and counted once.
