@@ -421,12 +421,8 @@ impl Shard {
         }) {
             match &mut slot.place {
                 Place::Running(running) if running.expires_at > now => {
-                    if running.tool != claim.fingerprint.tool
-                        || running.digest != short_digest(claim.fingerprint)
-                    {
-                        return Reservation::Conflict {
-                            tool: running.tool.clone(),
-                        };
+                    if let Some(conflict) = conflict(&running.tool, running.digest, claim) {
+                        return conflict;
                     }
                     if running.lease_until > now {
                         let mut changed = running
@@ -456,14 +452,8 @@ impl Shard {
                     if let Some(record) = line.get(*number)
                         && record.expires_at > now
                     {
-                        if record.tool != claim.fingerprint.tool
-                            || record.digest != short_digest(claim.fingerprint)
-                        {
-                            return Reservation::Conflict {
-                                tool: record.tool.clone(),
-                            };
-                        }
-                        return record.replay();
+                        return conflict(&record.tool, record.digest, claim)
+                            .unwrap_or_else(|| record.replay());
                     }
                 }
                 Place::Running(_) => {}
@@ -714,6 +704,13 @@ const ENDED: usize = size_of::<Slot>() + size_of::<Option<Ended>>() + 16 + 16;
 /// its caller's id and tool (counted whole even where shared), and its other texts.
 fn weight(fixed: usize, caller: &str, tool: &str, texts: usize) -> usize {
     fixed + caller.len() + tool.len() + texts
+}
+
+/// The answer when `claim` reuses the key of a call to another tool or with other arguments
+/// (`tool`, `digest`), if it does.
+fn conflict(tool: &Arc<str>, digest: [u8; 16], claim: Claim<'_>) -> Option<Reservation> {
+    let other = *tool != claim.fingerprint.tool || digest != short_digest(claim.fingerprint);
+    other.then(|| Reservation::Conflict { tool: tool.clone() })
 }
 
 fn short_digest(fingerprint: &Fingerprint) -> [u8; 16] {
