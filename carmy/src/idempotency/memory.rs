@@ -532,7 +532,7 @@ impl Shard {
             Place::Ended(earlier) => Ended::new(&line.get(*earlier)?.called(), answer, expires_at),
         };
         let earlier = std::mem::replace(&mut slot.place, Place::Ended(line.next()));
-        *bytes -= drop_record(earlier, line);
+        *bytes -= drop_record(&earlier, line);
         *bytes += record.bytes;
         line.push(record);
         // Closing gaps renumbers the line: the record's number is the back's.
@@ -551,7 +551,7 @@ impl Shard {
     fn remove_if(&mut self, hash: u64, is_it: impl Fn(Shape<'_>) -> bool) {
         let Shard { index, line, bytes } = self;
         if let Ok(entry) = index.find_entry(hash, |slot| picks(slot, hash, line, &is_it)) {
-            *bytes -= drop_record(entry.remove().0.place, line);
+            *bytes -= drop_record(&entry.remove().0.place, line);
         }
         self.compact_if_sparse();
     }
@@ -576,11 +576,10 @@ impl Shard {
                 break;
             };
             if let Some(record) = oldest {
-                let slot = self.index.find_entry(
-                    record.hash,
-                    |slot| matches!(slot.place, Place::Ended(at) if at == number),
-                );
-                if let Ok(slot) = slot {
+                if let Ok(slot) = self
+                    .index
+                    .find_entry(record.hash, |slot| is_numbered(slot, number))
+                {
                     slot.remove();
                 }
                 self.bytes -= record.bytes;
@@ -596,23 +595,17 @@ impl Shard {
     fn purge_expired(&mut self, now: Instant) -> usize {
         let before = self.index.len();
         let Shard { index, line, bytes } = self;
-        index.retain(|slot| match &slot.place {
-            Place::Running(running) => {
-                let keep = running.expires_at > now;
-                if !keep {
-                    *bytes -= running.bytes;
-                }
-                keep
-            }
-            Place::Ended(number) => {
-                let keep = line
+        index.retain(|slot| {
+            let expired = match &slot.place {
+                Place::Running(running) => running.expires_at <= now,
+                Place::Ended(number) => line
                     .get(*number)
-                    .is_some_and(|record| record.expires_at > now);
-                if !keep {
-                    *bytes -= line.take(*number).map_or(0, |record| record.bytes);
-                }
-                keep
+                    .is_none_or(|record| record.expires_at <= now),
+            };
+            if expired {
+                *bytes -= drop_record(&slot.place, line);
             }
+            !expired
         });
         self.line.trim_gaps();
         self.compact_if_sparse();
@@ -632,11 +625,10 @@ impl Shard {
         };
         for (number, record) in (sparse.first..).zip(sparse.records) {
             let Some(record) = record else { continue };
-            let slot = self.index.find_mut(
-                record.hash,
-                |slot| matches!(slot.place, Place::Ended(at) if at == number),
-            );
-            if let Some(slot) = slot {
+            if let Some(slot) = self
+                .index
+                .find_mut(record.hash, |slot| is_numbered(slot, number))
+            {
                 slot.place = Place::Ended(line.next());
                 line.push(record);
             }
@@ -684,13 +676,19 @@ fn picks(slot: &Slot, hash: u64, line: &Line, is_it: impl Fn(Shape<'_>) -> bool)
     slot.hash == hash && is_it(shape(slot, line))
 }
 
-/// Drops the record `place` holds (an ended one leaves a gap in the line); returns the bytes it
-/// took. Dropping a running record wakes the duplicates waiting for it.
-fn drop_record(place: Place, line: &mut Line) -> usize {
+/// Takes the ended record `place` holds out of the line (leaving a gap); returns the bytes the
+/// record took, a running one's too (it goes with its slot: dropping it wakes the duplicates
+/// waiting for it).
+fn drop_record(place: &Place, line: &mut Line) -> usize {
     match place {
         Place::Running(running) => running.bytes,
-        Place::Ended(number) => line.take(number).map_or(0, |record| record.bytes),
+        Place::Ended(number) => line.take(*number).map_or(0, |record| record.bytes),
     }
+}
+
+/// Whether `slot` is the place of the ended record numbered `number`.
+fn is_numbered(slot: &Slot, number: u64) -> bool {
+    matches!(slot.place, Place::Ended(at) if at == number)
 }
 
 /// What a running record takes beyond its texts: its slot, its box, the box's and the texts'
