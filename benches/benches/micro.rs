@@ -92,7 +92,7 @@ fn store_reserve_finish(bencher: divan::Bencher<'_, '_>, tasks: usize) {
                                 body: Bytes::from_static(b"{}"),
                             };
                             store
-                                .finish(&key, Finish::Response(response), ttl)
+                                .finish(&key, Finish::Response(&response), ttl)
                                 .await
                                 .expect("memory store");
                         })

@@ -344,7 +344,7 @@ impl IdempotencyStore for Flaky {
     fn finish<'a>(
         &'a self,
         key: &'a IdempotencyKey,
-        finish: Finish,
+        finish: Finish<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         self.records.finish(key, finish, ttl)

@@ -50,7 +50,7 @@ impl IdempotencyStore for Failing {
     fn finish<'a>(
         &'a self,
         key: &'a IdempotencyKey,
-        finish: Finish,
+        finish: Finish<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         self.finish_calls.fetch_add(1, Ordering::SeqCst);

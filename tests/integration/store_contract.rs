@@ -334,7 +334,7 @@ pub(crate) async fn lifecycle(store: &dyn IdempotencyStore) {
     }
     // A finish from an execution that does not hold the key changes nothing.
     store
-        .finish(&k, Finish::Response(response("exec_2")), TTL)
+        .finish(&k, Finish::Response(&response("exec_2")), TTL)
         .await
         .unwrap();
     assert!(matches!(
@@ -342,7 +342,7 @@ pub(crate) async fn lifecycle(store: &dyn IdempotencyStore) {
         Reservation::Running { .. }
     ));
     store
-        .finish(&k, Finish::Response(response("exec_1")), TTL)
+        .finish(&k, Finish::Response(&response("exec_1")), TTL)
         .await
         .unwrap();
     match reserve(store, &k, &fp, "exec_5").await {
@@ -384,7 +384,7 @@ pub(crate) async fn lifecycle(store: &dyn IdempotencyStore) {
         ..response("exec_f")
     };
     store
-        .finish(&failed, Finish::Response(failure.clone()), TTL)
+        .finish(&failed, Finish::Response(&failure), TTL)
         .await
         .unwrap();
     match reserve(store, &failed, &fp, "exec_g").await {
@@ -401,7 +401,7 @@ pub(crate) async fn lifecycle(store: &dyn IdempotencyStore) {
         .finish(
             &uncertain,
             Finish::Uncertain {
-                execution_id: Arc::from("exec_u"),
+                execution_id: &Arc::from("exec_u"),
             },
             TTL,
         )
@@ -440,7 +440,7 @@ pub(crate) async fn waiters_are_woken(store: Arc<dyn IdempotencyStore>) {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
             store
-                .finish(&k, Finish::Response(response("exec_w")), TTL)
+                .finish(&k, Finish::Response(&response("exec_w")), TTL)
                 .await
                 .unwrap();
         })
@@ -478,7 +478,7 @@ pub(crate) async fn expiry<F: std::future::Future<Output = ()>>(
         Reservation::Reserved
     ));
     store
-        .finish(&k, Finish::Response(response("exec_1")), ttl)
+        .finish(&k, Finish::Response(&response("exec_1")), ttl)
         .await
         .unwrap();
     assert!(matches!(
@@ -503,7 +503,7 @@ pub(crate) async fn expiry<F: std::future::Future<Output = ()>>(
         .await
         .unwrap();
     store
-        .finish(&purged, Finish::Response(response("exec_4")), ttl)
+        .finish(&purged, Finish::Response(&response("exec_4")), ttl)
         .await
         .unwrap();
     advance(ttl + Duration::from_millis(10)).await;
@@ -549,7 +549,7 @@ pub(crate) async fn lease_expiry<F: std::future::Future<Output = ()>>(
         }
     }
     store
-        .finish(&k, Finish::Response(response("exec_dead")), TTL)
+        .finish(&k, Finish::Response(&response("exec_dead")), TTL)
         .await
         .unwrap();
     match store
@@ -587,7 +587,7 @@ pub(crate) async fn running_outlives_its_ttl<F: std::future::Future<Output = ()>
         other => panic!("a running record expired at its ttl: {other:?}"),
     }
     store
-        .finish(&k, Finish::Response(response("exec_long")), ttl)
+        .finish(&k, Finish::Response(&response("exec_long")), ttl)
         .await
         .unwrap();
     match store
@@ -735,7 +735,7 @@ async fn memory_store_evicts_the_oldest_finished_records_first_never_a_running_o
         ));
         tokio::time::advance(Duration::from_secs(1)).await;
         store
-            .finish(&key(id), Finish::Response(response(id)), TTL)
+            .finish(&key(id), Finish::Response(&response(id)), TTL)
             .await
             .unwrap();
     }
@@ -799,7 +799,7 @@ async fn memory_store_is_bounded_by_bytes_and_never_evicts_a_running_record() {
             Reservation::Reserved
         ));
         store
-            .finish(&key(&id), Finish::Response(large(&id)), TTL)
+            .finish(&key(&id), Finish::Response(&large(&id)), TTL)
             .await
             .unwrap();
         assert!(store.bytes() <= BUDGET, "{} bytes", store.bytes());
@@ -846,7 +846,7 @@ async fn memory_store_is_bounded_by_bytes_and_never_evicts_a_running_record() {
         ..response("exec_huge")
     };
     store
-        .finish(&huge, Finish::Response(answer), TTL)
+        .finish(&huge, Finish::Response(&answer), TTL)
         .await
         .unwrap();
     assert!(store.bytes() <= BUDGET);
@@ -944,7 +944,7 @@ async fn file_records_survive_reopening_and_the_file_has_one_owner() {
             Reservation::Reserved
         ));
         store
-            .finish(&k, Finish::Response(response("exec_1")), TTL)
+            .finish(&k, Finish::Response(&response("exec_1")), TTL)
             .await
             .unwrap();
         let second = carmy::idempotency::connect(&format!("file:{}", file.0.display())).await;
@@ -1086,7 +1086,7 @@ async fn postgres_cleanup_deletes_expired_records_on_its_own() {
         .await
         .unwrap();
     store
-        .finish(&k, Finish::Response(response("exec_1")), ttl)
+        .finish(&k, Finish::Response(&response("exec_1")), ttl)
         .await
         .unwrap();
     let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)

@@ -64,7 +64,7 @@ async fn main() {
             body: Bytes::from(body),
         };
         store
-            .finish(&key, Finish::Response(response), ttl)
+            .finish(&key, Finish::Response(&response), ttl)
             .await
             .expect("memory store");
     }

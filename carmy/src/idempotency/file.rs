@@ -402,21 +402,21 @@ impl IdempotencyStore for FileStore {
     fn finish<'a>(
         &'a self,
         key: &'a IdempotencyKey,
-        finish: Finish,
+        finish: Finish<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let key = key.clone();
+        let (key, execution_id) = (key.clone(), Arc::clone(finish.execution_id()));
+        let (state, stored) = Stored::of(&finish);
         Box::pin(self.write(move |table| {
             let index = (key.caller(), key.request_id());
             let existing = read(table, index)?;
-            let Some(mut record) = existing.filter(|record| {
-                record.execution_id == **finish.execution_id() && record.state != FINISHED
-            }) else {
+            let Some(mut record) = existing
+                .filter(|record| record.execution_id == *execution_id && record.state != FINISHED)
+            else {
                 return Ok(());
             };
-            let (state, stored) = Stored::of(&finish);
             record.state = state.to_owned();
-            record.response = stored;
+            record.response = stored.clone();
             record.expires_at = now_ms().saturating_add(millis(ttl));
             table
                 .insert(index, record.encode().as_slice())

@@ -487,7 +487,7 @@ impl Shard {
         &mut self,
         hash: u64,
         key: &IdempotencyKey,
-        finish: &Finish,
+        finish: Finish<'_>,
         limits: Limits,
         now: Instant,
         ttl: Duration,
@@ -741,11 +741,11 @@ impl IdempotencyStore for MemoryStore {
     fn finish<'a>(
         &'a self,
         key: &'a IdempotencyKey,
-        finish: Finish,
+        finish: Finish<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         let (hash, mut shard) = self.shard(key);
-        shard.finish(hash, key, &finish, self.limits, Instant::now(), ttl);
+        shard.finish(hash, key, finish, self.limits, Instant::now(), ttl);
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -930,7 +930,7 @@ mod tests {
             code: None,
             body: Bytes::from_static(b"{}"),
         };
-        let finished = store.finish(&key, Finish::Response(response), ttl);
+        let finished = store.finish(&key, Finish::Response(&response), ttl);
         assert!(matches!(
             futures_util::FutureExt::now_or_never(finished),
             Some(Ok(()))
@@ -1063,16 +1063,19 @@ mod tests {
                 }
                 4..=7 => {
                     if let Some(execution_id) = holders[number].take() {
+                        let response = StoredResponse {
+                            body: Bytes::from(format!("{{\"n\":{step}}}")),
+                            execution_id,
+                            status: ExecutionStatus::Completed,
+                            category: None,
+                            code: None,
+                        };
                         let finish = if next(3) == 0 {
-                            Finish::Uncertain { execution_id }
+                            Finish::Uncertain {
+                                execution_id: &response.execution_id,
+                            }
                         } else {
-                            Finish::Response(StoredResponse {
-                                body: Bytes::from(format!("{{\"n\":{step}}}")),
-                                execution_id,
-                                status: ExecutionStatus::Completed,
-                                category: None,
-                                code: None,
-                            })
+                            Finish::Response(&response)
                         };
                         let finished = store.finish(&key, finish, ttl);
                         assert!(futures_util::FutureExt::now_or_never(finished).is_some());

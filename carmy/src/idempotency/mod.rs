@@ -161,21 +161,22 @@ impl fmt::Debug for Reservation {
     }
 }
 
-/// How a reserved execution ended, for [`IdempotencyStore::finish`].
-#[derive(Debug, Clone)]
-pub enum Finish {
+/// How a reserved execution ended, for [`IdempotencyStore::finish`]. It borrows the answer:
+/// a store copies what it keeps, and the caller still holds the answer to send it.
+#[derive(Debug, Clone, Copy)]
+pub enum Finish<'a> {
     /// Keep the response: retries replay it.
-    Response(StoredResponse),
+    Response(&'a StoredResponse),
     /// A non-idempotent write was interrupted: retries get `EXECUTION_UNCERTAIN`.
     Uncertain {
         /// The interrupted execution's id.
-        execution_id: Arc<str>,
+        execution_id: &'a Arc<str>,
     },
 }
 
-impl Finish {
+impl<'a> Finish<'a> {
     /// The execution that reserved the key and now finishes it.
-    pub fn execution_id(&self) -> &Arc<str> {
+    pub fn execution_id(&self) -> &'a Arc<str> {
         match self {
             Finish::Response(response) => &response.execution_id,
             Finish::Uncertain { execution_id } => execution_id,
@@ -239,7 +240,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     fn finish<'a>(
         &'a self,
         key: &'a IdempotencyKey,
-        finish: Finish,
+        finish: Finish<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
@@ -448,7 +449,7 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
     fn finish<'a>(
         &'a self,
         key: &'a IdempotencyKey,
-        finish: Finish,
+        finish: Finish<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         (**self).finish(key, finish, ttl)

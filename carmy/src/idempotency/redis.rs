@@ -718,7 +718,7 @@ impl Inner {
     async fn finish_key(
         &self,
         key: &IdempotencyKey,
-        finish: &Finish,
+        finish: &Finish<'_>,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let (state, stored) = Stored::of(finish);
@@ -1144,7 +1144,7 @@ impl IdempotencyStore for RedisStore {
     fn finish<'a>(
         &'a self,
         key: &'a IdempotencyKey,
-        finish: Finish,
+        finish: Finish<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(
@@ -1248,7 +1248,7 @@ impl IdempotencyStore for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(within(self.timeout, async move {
-            let (_, stored) = Stored::of(&Finish::Response(outcome.response));
+            let (_, stored) = Stored::of(&Finish::Response(&outcome.response));
             let stored = stored.ok_or_else(|| unreadable("an ended execution has a response"))?;
             let _: i64 = self
                 .inner

@@ -1115,12 +1115,12 @@ impl Runtime {
             Kept::Nothing => self.release(prepared, key).await,
             Kept::Uncertain => {
                 let finish = Finish::Uncertain {
-                    execution_id: prepared.execution_id.clone(),
+                    execution_id: &prepared.execution_id,
                 };
                 self.keep(key, finish, prepared.lease_end()).await;
             }
             Kept::Response => {
-                let finish = Finish::Response(outcome.response.clone());
+                let finish = Finish::Response(&outcome.response);
                 self.keep(key, finish, prepared.lease_end()).await;
             }
         }
@@ -1240,9 +1240,9 @@ impl Runtime {
     /// Records how the execution that reserved `key` ended. A store that fails is tried again
     /// with backoff before the call answers, until `lease_end` (while the record is still this
     /// execution's); the failure is logged once per call, and rate-limited across calls.
-    async fn keep(&self, key: &IdempotencyKey, finish: Finish, lease_end: Instant) {
+    async fn keep(&self, key: &IdempotencyKey, finish: Finish<'_>, lease_end: Instant) {
         let ttl = self.settings.record_ttl;
-        let attempt = || self.store.finish(key, finish.clone(), ttl);
+        let attempt = || self.store.finish(key, finish, ttl);
         if let Err(error) = with_backoff(attempt, lease_end).await
             && let Some(held_back) = self.logs.record.admit()
         {
