@@ -406,7 +406,7 @@ impl IdempotencyStore for FileStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         let (key, execution_id) = (key.clone(), Arc::clone(finish.execution_id()));
-        let (state, stored) = Stored::of(&finish);
+        let (state, stored) = Stored::of(finish);
         Box::pin(self.write(move |table| {
             let index = (key.caller(), key.request_id());
             let existing = read(table, index)?;

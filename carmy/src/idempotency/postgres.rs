@@ -574,7 +574,7 @@ async fn reserve_key(
 async fn finish_key(
     pool: &Pool,
     key: &IdempotencyKey,
-    finish: &Finish<'_>,
+    finish: Finish<'_>,
     ttl: Duration,
 ) -> Result<(), StoreError> {
     let (state, stored) = Stored::of(finish);
@@ -1030,7 +1030,7 @@ impl IdempotencyStore for PostgresStore {
         Box::pin(async move {
             within(
                 self.options.command_timeout,
-                finish_key(&self.pool, key, &finish, ttl),
+                finish_key(&self.pool, key, finish, ttl),
             )
             .await
         })
@@ -1125,7 +1125,7 @@ impl IdempotencyStore for PostgresStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(within(self.options.command_timeout, async move {
-            let (_, stored) = Stored::of(&Finish::Response(&outcome.response));
+            let (_, stored) = Stored::of(Finish::Response(&outcome.response));
             let stored =
                 stored.ok_or_else(|| StoreError::message("an ended execution has a response"))?;
             let client = client(&self.pool).await?;

@@ -70,7 +70,7 @@ impl Found {
 
 impl Stored {
     /// The record's state and response columns for `finish`.
-    pub(crate) fn of(finish: &Finish<'_>) -> (&'static str, Option<Stored>) {
+    pub(crate) fn of(finish: Finish<'_>) -> (&'static str, Option<Stored>) {
         match finish {
             Finish::Response(response) => (
                 FINISHED,

@@ -718,7 +718,7 @@ impl Inner {
     async fn finish_key(
         &self,
         key: &IdempotencyKey,
-        finish: &Finish<'_>,
+        finish: Finish<'_>,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let (state, stored) = Stored::of(finish);
@@ -1147,9 +1147,7 @@ impl IdempotencyStore for RedisStore {
         finish: Finish<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(
-            async move { within(self.timeout, self.inner.finish_key(key, &finish, ttl)).await },
-        )
+        Box::pin(async move { within(self.timeout, self.inner.finish_key(key, finish, ttl)).await })
     }
 
     fn release<'a>(
@@ -1248,7 +1246,7 @@ impl IdempotencyStore for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(within(self.timeout, async move {
-            let (_, stored) = Stored::of(&Finish::Response(&outcome.response));
+            let (_, stored) = Stored::of(Finish::Response(&outcome.response));
             let stored = stored.ok_or_else(|| unreadable("an ended execution has a response"))?;
             let _: i64 = self
                 .inner
