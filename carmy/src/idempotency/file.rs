@@ -405,8 +405,12 @@ impl IdempotencyStore for FileStore {
         finish: Finish<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
+        // What the transaction needs, owned: reference counts, no copy of the answer.
         let (key, execution_id) = (key.clone(), Arc::clone(finish.execution_id()));
-        let (state, stored) = Stored::of(finish);
+        let response = match finish {
+            Finish::Response(response) => Some(response.clone()),
+            Finish::Uncertain { .. } => None,
+        };
         Box::pin(self.write(move |table| {
             let index = (key.caller(), key.request_id());
             let existing = read(table, index)?;
@@ -415,8 +419,14 @@ impl IdempotencyStore for FileStore {
             else {
                 return Ok(());
             };
+            let (state, stored) = Stored::of(match &response {
+                Some(response) => Finish::Response(response),
+                None => Finish::Uncertain {
+                    execution_id: &execution_id,
+                },
+            });
             record.state = state.to_owned();
-            record.response = stored.clone();
+            record.response = stored;
             record.expires_at = now_ms().saturating_add(millis(ttl));
             table
                 .insert(index, record.encode().as_slice())
