@@ -175,13 +175,15 @@
     route();
   }
 
-  /** Event subscriptions are shown to those who may manage them: anyone else gets a 404. */
+  /**
+   * Event subscriptions are shown to those who may manage them. The console's session route
+   * says who the caller is, so the page never requests a route that would answer it 404.
+   */
   async function probeEvents() {
     state.events = false;
-    // An anonymous caller never may: no request, and no 404 in the browser's log.
     if (!state.token || !state.discovery.capabilities.includes('events')) return;
-    const { response } = await getJson('/agent/events/subscriptions');
-    state.events = response.ok;
+    const { response, body } = await getJson(`${state.discovery.console_url}session`);
+    state.events = response.ok && body !== null && body.manage_events === true;
   }
 
   // ---- The tool list ---------------------------------------------------------------------
@@ -338,7 +340,7 @@
     const requestHelp = h('p', {
       class: 'help',
       id: nextId('help'),
-      text: 'Sent with the call: a retry with the same id never runs the tool twice. Leave it empty to send none.',
+      text: 'Sent with the call: a retry with the same id never runs the tool twice. A new id comes with new arguments; leave it empty to send none.',
     });
     requestId.setAttribute('aria-describedby', requestHelp.id);
     if (!tool.idempotent && tool.effect !== 'none' && tool.effect !== 'read') requestId.value = freshRequestId();
@@ -351,6 +353,17 @@
     const stopButton = h('button', { type: 'button', text: 'Stop', hidden: true });
     const confirmBox = h('div', { class: 'confirm', hidden: true, role: 'group', 'aria-label': 'Confirm the run' });
     let confirmed = false;
+    /**
+     * The request id of the last run. The field keeps showing it, so it matches the id in the
+     * result and running the same call again is a safe retry; a change to the arguments makes
+     * a new call, which gets a new id.
+     */
+    let sentId = null;
+    form.addEventListener('input', (event) => {
+      if (event.target === requestId || event.target === background) return;
+      if (sentId && requestId.value.trim() === sentId) requestId.value = freshRequestId();
+      sentId = null;
+    });
 
     const run = async () => {
       clearFieldErrors(form);
@@ -366,6 +379,7 @@
         args = root.read().value ?? {};
       }
       const id = requestId.value.trim();
+      sentId = id;
       const body = { tool: tool.name, arguments: args };
       if (id) body.request_id = id;
       const detach = canDetach && background.checked;
@@ -404,7 +418,6 @@
           const ended = await follow(response, live, controller);
           if (ended) {
             showAnswer(outcome, ended.body, { replayed: ended.replayed, requestId: id, form, root, args, rawMode });
-            if (id && !ended.body.error?.retryable) requestId.value = freshRequestId();
           }
         } else {
           const answer = await readJson(response);
@@ -441,6 +454,7 @@
             : ' changes things that cannot be undone',
           ` (effect: ${effectLabel(tool.effect)}). Run it with these arguments?`,
         ),
+        confirmationNote(tool),
         h('div', { class: 'row' }, go, back),
       );
       confirmBox.hidden = false;
@@ -499,6 +513,7 @@
       fieldsBox,
       rawField,
       h('div', { class: 'options' }, options),
+      confirmationNote(tool),
       confirmBox,
       h('div', { class: 'actions' }, runButton, stopButton),
     );
@@ -513,6 +528,18 @@
       outcome,
       h('details', null, h('summary', { text: 'Input schema' }), h('pre', { class: 'json', text: pretty(tool.input_schema) })),
       h('details', null, h('summary', { text: 'Output schema' }), h('pre', { class: 'json', text: pretty(tool.output_schema) })),
+    );
+  }
+
+  /** What a confirmation-required tool needs besides a click: a token holding its permission. */
+  function confirmationNote(tool) {
+    if (tool.confirmation !== 'required') return null;
+    return h(
+      'p',
+      { class: 'help confirm-note' },
+      'Running it needs a token that holds the permission ',
+      code(`confirm:${tool.name}`),
+      ': enter one under Token at the top of the page.',
     );
   }
 
@@ -618,8 +645,9 @@
         'bad',
         error.code,
         [
-          h('p', { class: 'error-message', text: error.message }),
-          reason && reason !== error.message ? h('p', { class: 'small', text: reason }) : null,
+          h('p', { class: 'error-message' }, rich(error.message)),
+          reason && reason !== error.message ? h('p', { class: 'small' }, rich(reason)) : null,
+          permissionHint(error),
           facts,
           meta,
           replayNote,
@@ -639,6 +667,19 @@
     if (firstInvalid) firstInvalid.focus();
   }
 
+  /** A refusal that a token with a permission would pass names the permission to ask for. */
+  function permissionHint(error) {
+    const permission = error.details && typeof error.details.permission === 'string' ? error.details.permission : null;
+    if (!permission) return null;
+    return h(
+      'p',
+      { class: 'small' },
+      state.token ? 'The token in use does not hold ' : 'Anonymous callers do not hold ',
+      code(permission),
+      ': enter a token that does under Token at the top of the page, then run again.',
+    );
+  }
+
   function nextActions(body) {
     const actions = body._agent && body._agent.next_actions;
     if (!actions || !actions.length) return null;
@@ -649,7 +690,7 @@
       h(
         'ul',
         { class: 'problems' },
-        actions.map((action) => h('li', null, h('a', { href: `#/tools/${encodeURIComponent(action.tool)}`, text: action.tool }), ` — ${action.reason}`)),
+        actions.map((action) => h('li', null, h('a', { href: `#/tools/${encodeURIComponent(action.tool)}`, text: action.tool }), ' — ', rich(action.reason))),
       ),
     );
   }

@@ -605,7 +605,8 @@ fn log_tools(catalog: &Catalog) {
             "serving 0 tools: no `#[carmy::tool]` was linked or added"
         );
     } else {
-        tracing::info!(tools, "serving {tools} tools");
+        let noun = if tools == 1 { "tool" } else { "tools" };
+        tracing::info!(tools, "serving {tools} {noun}");
     }
     for tool in catalog.tools() {
         tracing::debug!(tool = tool.descriptor.name(), "serving tool");

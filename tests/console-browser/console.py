@@ -25,14 +25,14 @@ CHROMIUM = os.environ.get("CARMY_CHROMIUM", "/usr/bin/chromium")
 AXE = Path(__file__).parent / "node_modules" / "axe-core" / "axe.min.js"
 KNOWN_TOKEN = "shop-known-demo-token"
 INTERNAL_TOKEN = "shop-internal-demo-token"
-# API answers the scenario provokes on purpose (a refused argument, a refused webhook URL),
-# and the one way to learn whether a token may manage event subscriptions (the list is a 404
-# to anyone else, protocol.md §8): the browser logs each as "Failed to load resource", which
-# is not a fault of the page. Anything else failing is.
+# API answers the scenario provokes on purpose (a refused argument, a call without the
+# confirmation permission, a refused webhook URL): the browser logs each as "Failed to load
+# resource", which is not a fault of the page. Anything else failing is: the page learns
+# which views its caller may open from the console's session route, never from a 404.
 EXPECTED_FAILURES = {
     ("POST", "/agent/execute", 400),
+    ("POST", "/agent/execute", 403),
     ("POST", "/agent/events/subscriptions", 400),
-    ("GET", "/agent/events/subscriptions", 404),
 }
 
 signal.alarm(180)
@@ -152,6 +152,16 @@ def run_scenario(browser, scheme):
     axe_scan(page, f"{scheme}: a refused call")
     page.screenshot(path=SHOTS / f"console-{scheme}-field-error.png", full_page=True)
 
+    # The request id field keeps the id the result shows, so running again is a safe retry;
+    # new arguments bring a new id.
+    page.get_by_label("sku", exact=True).fill("KB-01")
+    page.get_by_role("button", name="Run", exact=True).click()
+    expect(result).to_contain_text('"order_id"')
+    shown = page.locator(".result.ok .meta code").nth(1).inner_text()
+    assert page.get_by_label("Request id").input_value() == shown, "the field shows the id sent"
+    page.get_by_label("quantity", exact=True).fill("3")
+    assert page.get_by_label("Request id").input_value() != shown, "new arguments, new id"
+
     # The same request id twice: the second answer is the recorded one, marked as a replay.
     page.get_by_label("sku", exact=True).fill("KB-01")
     page.get_by_label("Request id").fill(f"browser-{scheme}-replay")
@@ -187,6 +197,20 @@ def run_scenario(browser, scheme):
     open_tool(page, "sales_summary")
     page.get_by_role("button", name="Run", exact=True).click()
     expect(page.get_by_label("Result")).to_contain_text('"orders"')
+
+    # cancel_order needs a token holding confirm:cancel_order, which this one lacks: the form
+    # says so before the run, and the refusal names the permission, its code as code.
+    open_tool(page, "cancel_order")
+    expect(page.locator(".confirm-note").first).to_contain_text("confirm:cancel_order")
+    page.get_by_label("order_id", exact=True).fill(str(order_id))
+    page.get_by_role("button", name="Run", exact=True).click()
+    expect(page.locator(".confirm .confirm-note")).to_contain_text("confirm:cancel_order")
+    page.get_by_role("button", name="Confirm and run").click()
+    refused = page.locator(".result.bad")
+    expect(refused).to_contain_text("CONFIRMATION_REQUIRED")
+    expect(refused.locator(".error-message code")).to_have_text("cancel_order")
+    assert "`" not in refused.locator(".error-message").inner_text(), "no raw backticks"
+    expect(refused).to_contain_text("does not hold confirm:cancel_order")
 
     # A background run: answered at once, followed live, then listed under Executions.
     open_tool(page, "generate_report")

@@ -408,3 +408,73 @@ async fn the_console_in_a_real_browser() {
         assert!(screenshots.join(format!("console-{scheme}.png")).exists());
     }
 }
+
+/// The console's session route tells the page who it calls as and whether it may manage event
+/// subscriptions, so the page never requests a management route that would answer it `404`.
+#[tokio::test]
+async fn the_console_session_says_who_calls_and_what_they_may_manage() {
+    let config = carmy::Config::parse(
+        &format!(
+            "[events]\n\
+             [[tokens]]\nid = \"reporter\"\ntrust = \"known\"\nhash = \"{}\"\n\
+             [[tokens]]\nid = \"operator\"\ntrust = \"known\"\nhash = \"{}\"\n\
+             permissions = [\"manage:events\"]\n\
+             [[tokens]]\nid = \"assistant\"\ntrust = \"internal\"\nhash = \"{}\"\n",
+            carmy::auth::hash_token("reporter-token"),
+            carmy::auth::hash_token("operator-token"),
+            carmy::auth::hash_token("assistant-token"),
+        ),
+        |_| None,
+    )
+    .unwrap();
+    let router = shop::app().config(config).router().unwrap();
+    let cases = [
+        (None, json!({"id": null, "trust": "anonymous"}), false),
+        (
+            Some("reporter-token"),
+            json!({"id": "reporter", "trust": "known"}),
+            false,
+        ),
+        (
+            Some("operator-token"),
+            json!({"id": "operator", "trust": "known"}),
+            true,
+        ),
+        (
+            Some("assistant-token"),
+            json!({"id": "assistant", "trust": "internal"}),
+            true,
+        ),
+    ];
+    for (token, caller, manage_events) in cases {
+        let mut request = Request::get("/agent/console/session");
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let answer = send(&router, request.body(Body::empty()).unwrap()).await;
+        assert_eq!(answer.status, StatusCode::OK, "{token:?}");
+        assert_eq!(answer.header("cache-control"), Some("no-store"));
+        assert_eq!(
+            answer.json(),
+            json!({"caller": caller, "manage_events": manage_events}),
+            "{token:?}"
+        );
+    }
+
+    // Without `[events]` nobody manages subscriptions, internal callers included.
+    let config = carmy::Config::parse(
+        &format!(
+            "[[tokens]]\nid = \"assistant\"\ntrust = \"internal\"\nhash = \"{}\"\n",
+            carmy::auth::hash_token("assistant-token")
+        ),
+        |_| None,
+    )
+    .unwrap();
+    let router = shop::app().config(config).router().unwrap();
+    let request = Request::get("/agent/console/session")
+        .header("authorization", "Bearer assistant-token")
+        .body(Body::empty())
+        .unwrap();
+    let answer = send(&router, request).await;
+    assert_eq!(answer.json()["manage_events"], json!(false));
+}

@@ -106,6 +106,7 @@ pub(super) fn router(gate: &GateLayer) -> Router {
         Router::new()
             .route(base, get(to_console))
             .route(CONSOLE_URL, get(page))
+            .route(&format!("{CONSOLE_URL}{SESSION}"), get(session))
             .route(&files, get(file))
             .method_not_allowed_fallback(super::method_not_allowed)
             .layer(tower_http::compression::CompressionLayer::new()),
@@ -133,6 +134,37 @@ async fn file(uri: Uri, headers: HeaderMap) -> Response {
         Some(asset) => asset.respond(&headers),
         None => super::route_not_found().await.into_response(),
     }
+}
+
+/// The console's own route: who the page calls as, and which management views that caller may
+/// open, so the page never requests a route that would answer it `404`. It tells the caller
+/// about itself and grants nothing.
+const SESSION: &str = "session";
+
+async fn session(request: axum::extract::Request) -> Response {
+    let caller = crate::settings::Admitted::caller_or_anonymous(request.extensions());
+    let identified = caller.trust() != crate::principal::TrustLevel::Anonymous;
+    #[cfg(feature = "events")]
+    let manage_events = request
+        .extensions()
+        .get::<crate::settings::Admitted>()
+        .is_some_and(|admitted| admitted.settings.events.is_some())
+        && super::may_manage(&request, super::events::MANAGE_EVENTS);
+    #[cfg(not(feature = "events"))]
+    let manage_events = false;
+    let body = serde_json::json!({
+        "caller": {
+            "id": identified.then(|| caller.id()),
+            "trust": caller.trust().as_str(),
+        },
+        "manage_events": manage_events,
+    });
+    let mut response = axum::Json(body).into_response();
+    response.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        crate::wire::NO_STORE.clone(),
+    );
+    response
 }
 
 /// `/agent/console` without its slash: where the page's relative addresses would resolve

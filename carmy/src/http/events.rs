@@ -21,7 +21,7 @@ use crate::tool_error::ToolError;
 use crate::wire::{JSON, NO_STORE, paths};
 
 /// The permission that opens the routes to a caller below `internal`.
-const MANAGE_EVENTS: &str = "manage:events";
+pub(super) const MANAGE_EVENTS: &str = "manage:events";
 
 pub(crate) fn router(gate: &GateLayer, events: Arc<Events>) -> Router {
     let one = format!("{}/{{id}}", paths::SUBSCRIPTIONS);
