@@ -122,7 +122,13 @@ impl Base {
     /// The settings of `config` over the builder's: its tokens replace the builder's
     /// authenticator (none keeps it), its limits, CORS origins and header settings replace the
     /// builder's, its `[tools.NAME]` tables override the tools.
+    ///
+    /// Its errors quote the file (a tool's name, a URL): they are clipped as the file's own are.
     pub(crate) fn build(&self, config: Option<&Config>) -> Result<Settings, Error> {
+        self.derive(config).map_err(crate::config::clipped)
+    }
+
+    fn derive(&self, config: Option<&Config>) -> Result<Settings, Error> {
         let mut protection = self.protection.clone();
         let catalog = match config {
             None => Catalog::clone(&self.catalog),

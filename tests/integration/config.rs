@@ -97,3 +97,73 @@ fn overrides_are_typed_and_name_their_variable() {
         .is_ok()
     );
 }
+
+/// Runs `load` on a thread of its own and waits at most five seconds for it: a reader without
+/// a bound would read a device forever (or wait for a FIFO's writer).
+fn load_within_seconds(path: PathBuf) -> Result<carmy::Config, String> {
+    let (sender, answer) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(carmy::Config::load_from(&path).map_err(|error| error.to_string()));
+    });
+    answer
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the file was refused within 5 s, not read without end")
+}
+
+#[cfg(unix)]
+#[test]
+fn a_device_or_a_fifo_is_refused_without_reading_it() {
+    use std::os::unix::fs::symlink;
+    let dir = carmy_tests::TempDir::new("config-device");
+    let zero = dir.0.join("carmy.toml");
+    symlink("/dev/zero", &zero).unwrap();
+    let error = load_within_seconds(zero).unwrap_err();
+    assert!(error.contains("not a regular file"), "{error}");
+
+    let fifo = dir.0.join("fifo.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let error = load_within_seconds(fifo).unwrap_err();
+    assert!(error.contains("not a regular file"), "{error}");
+
+    let error = load_within_seconds(dir.0.clone()).unwrap_err();
+    assert!(error.contains("not a regular file"), "{error}");
+
+    // A symlink to a regular file (a Kubernetes ConfigMap's layout) is read through.
+    let real = dir.0.join("real.toml");
+    std::fs::write(&real, "security_headers = true\n").unwrap();
+    let linked = dir.0.join("linked.toml");
+    symlink(&real, &linked).unwrap();
+    assert!(load_within_seconds(linked).is_ok());
+}
+
+#[test]
+fn a_file_over_the_limit_is_refused() {
+    let limit = usize::try_from(carmy::config::MAX_FILE_BYTES).unwrap();
+    assert_eq!(limit, 1024 * 1024);
+    // Comments only: valid TOML of any length, so only the size can refuse it.
+    let line = format!("#{}\n", "x".repeat(1022));
+    let at_limit = line.repeat(limit / line.len());
+    assert_eq!(at_limit.len(), limit);
+    assert!(load("at-limit", &at_limit).is_ok());
+    let error = load("over-limit", &format!("{at_limit}\n")).unwrap_err();
+    assert!(error.contains("larger than 1048576 bytes"), "{error}");
+}
+
+#[test]
+fn an_error_on_a_huge_line_is_clipped() {
+    let huge = "y".repeat(900 * 1024);
+    // A string where a bool belongs: TOML quotes the line at fault.
+    let error = load("huge-line", &format!("security_headers = \"{huge}\"\n")).unwrap_err();
+    assert!(
+        error.len() < 4096,
+        "{} bytes: {}…",
+        error.len(),
+        &error[..200]
+    );
+    assert!(error.contains("line 1"), "{error}");
+    assert!(error.contains("security_headers = \"yyy"), "{error}");
+}

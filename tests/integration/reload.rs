@@ -483,6 +483,69 @@ async fn a_failing_file_keeps_the_old_configuration_and_warns_until_a_good_one_l
     assert!(counts.applied >= 1, "{counts:?}");
 }
 
+/// A file of one line of almost a megabyte with an error at its start: TOML quotes the whole
+/// line, and the answers that carry the error (the reload's `409`, the health check's output)
+/// stay small.
+#[tokio::test]
+async fn an_error_on_a_huge_line_gives_small_answers() {
+    let file = ConfigFile::new("huge-line", &tokens());
+    let router = app_with(&file, &Probe::default()).router().unwrap();
+    let huge = "y".repeat(1000 * 1024);
+    file.replace(&format!("{}\nsecurity_headers = \"{huge}\"\n", tokens()));
+    let refused = admin_reload(&router, Some(ROOT)).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    assert!(
+        refused.body.len() < 16 * 1024,
+        "{} bytes",
+        refused.body.len()
+    );
+    let message = refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("security_headers = \"yyy"), "{message}");
+    let health = get_as(&router, "/agent/health", Some(ROOT)).await;
+    assert!(health.body.len() < 8 * 1024, "{} bytes", health.body.len());
+    assert_eq!(
+        health.json()["checks"]["config"]["output"],
+        message.as_str()
+    );
+}
+
+/// The file replaced by a symlink to a device, or by a file over the limit: refused at once,
+/// the old configuration kept.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_device_or_an_oversized_file_is_refused_on_reload() {
+    let file = ConfigFile::new("device", &tokens());
+    let router = app_with(&file, &Probe::default()).router().unwrap();
+    let staged = file.dir.0.join(".carmy.toml.link");
+    std::os::unix::fs::symlink("/dev/zero", &staged).unwrap();
+    std::fs::rename(&staged, &file.path).unwrap();
+    let refused = tokio::time::timeout(Duration::from_secs(5), admin_reload(&router, Some(ROOT)))
+        .await
+        .expect("refused within 5 s, not read without end");
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    let message = refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("not a regular file"), "{message}");
+
+    file.replace(&format!("{}\n#{}\n", tokens(), "x".repeat(1024 * 1024)));
+    let refused = admin_reload(&router, Some(ROOT)).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    let message = refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("larger than 1048576 bytes"), "{message}");
+    assert_eq!(
+        call(&router, &echo(), Some(PLAIN)).await.status,
+        StatusCode::OK
+    );
+}
+
 #[tokio::test]
 async fn a_restart_only_key_refuses_the_whole_file() {
     let file = ConfigFile::new(
