@@ -102,8 +102,14 @@ impl TokenAuthenticator {
     }
 
     /// Accepts the token whose [`hash_token`] is `digest` (`sha256:<64 hex digits>`) as
-    /// `principal`.
+    /// `principal`, whose id must not be `anonymous` (in any case), the id of callers without
+    /// credentials: [`Error::ReservedTokenId`].
     pub fn token(mut self, digest: &str, principal: Principal) -> Result<Self, Error> {
+        if crate::principal::is_reserved_id(principal.id()) {
+            return Err(Error::ReservedTokenId {
+                id: principal.id().to_owned(),
+            });
+        }
         let digest = parse_digest(digest).ok_or_else(|| Error::InvalidTokenDigest {
             id: principal.id().to_owned(),
         })?;

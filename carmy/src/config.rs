@@ -489,7 +489,7 @@ struct Server {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Token {
-    id: String,
+    id: Spanned<String>,
     #[serde(default = "known", deserialize_with = "trust_level")]
     trust: TrustLevel,
     hash: Spanned<String>,
@@ -687,12 +687,17 @@ impl File {
                         hash,
                         permissions,
                     } = token;
-                    let principal = permissions
-                        .into_iter()
-                        .fold(Principal::new(id, trust), Principal::with_permission);
+                    let id_span = id.span();
+                    let principal = permissions.into_iter().fold(
+                        Principal::new(id.into_inner(), trust),
+                        Principal::with_permission,
+                    );
                     authenticator
                         .token(hash.get_ref(), principal)
-                        .map_err(|error| (error, hash.span()))
+                        .map_err(|error| match error {
+                            Error::ReservedTokenId { .. } => (error, id_span),
+                            error => (error, hash.span()),
+                        })
                 },
             )?),
         };
@@ -932,6 +937,23 @@ mod tests {
             };
             let error = toml::from_str::<File>(&text).unwrap_err().to_string();
             assert!(!error.contains("unknown field"), "{key}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_token_may_not_take_the_id_of_anonymous_callers() {
+        let hash = crate::auth::hash_token("t");
+        for id in ["anonymous", "Anonymous", "ANONYMOUS", " anonymous "] {
+            let error = parse(&format!(
+                "[[tokens]]\ntrust = \"internal\"\nid = \"{id}\"\nhash = \"{hash}\"\n"
+            ))
+            .unwrap_err();
+            assert!(error.contains("reserved"), "{id}: {error}");
+            assert!(error.contains("carmy.toml:3:"), "{id}: {error}");
+        }
+        for id in ["anonymous-bot", "anon", "reporting"] {
+            let text = format!("[[tokens]]\nid = \"{id}\"\nhash = \"{hash}\"\n");
+            assert!(parse(&text).is_ok(), "{id}");
         }
     }
 

@@ -74,6 +74,14 @@ pub enum Error {
         /// The caller the token belongs to.
         id: String,
     },
+    /// A token's caller id is the one carmy gives callers without credentials.
+    #[error(
+        "the token id `{id}` is reserved: carmy calls every caller without credentials `anonymous`; give the token another id"
+    )]
+    ReservedTokenId {
+        /// The id refused.
+        id: String,
+    },
     /// The configuration (`carmy.toml` or a `CARMY_*` variable) is wrong.
     #[error("invalid configuration: {0}")]
     Config(String),

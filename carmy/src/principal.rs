@@ -46,6 +46,17 @@ impl TrustLevel {
     }
 }
 
+/// The id of the caller nobody vouched for ([`Principal::anonymous`]).
+const ANONYMOUS_ID: &str = "anonymous";
+
+/// Whether `id` may not name a configured caller: it is (or reads as) the id carmy gives
+/// anonymous callers, whose idempotency records and executions a caller of that id would share.
+/// Ids are compared exactly everywhere, so `Anonymous` would not share them; it is refused all
+/// the same, since logs, events and approvals would show it as the anonymous caller.
+pub(crate) fn is_reserved_id(id: &str) -> bool {
+    id.trim().eq_ignore_ascii_case(ANONYMOUS_ID)
+}
+
 /// Who is calling, as decided on the server side (authentication middleware or an
 /// authenticator), never by the request body.
 ///
@@ -62,7 +73,7 @@ impl Principal {
     pub fn anonymous() -> Self {
         // Most calls are anonymous: share one value instead of allocating per request.
         static ANONYMOUS: LazyLock<Principal> = LazyLock::new(|| Principal {
-            id: Arc::from("anonymous"),
+            id: Arc::from(ANONYMOUS_ID),
             trust: TrustLevel::Anonymous,
             permissions: Arc::from([]),
         });

@@ -546,6 +546,41 @@ async fn a_device_or_an_oversized_file_is_refused_on_reload() {
     );
 }
 
+/// A token given the anonymous callers' id would share their idempotency records and
+/// executions: the file is refused on reload as at the start.
+#[tokio::test]
+async fn a_token_named_anonymous_is_refused_at_the_start_and_on_reload() {
+    let named = |id: &str| {
+        format!(
+            "{}\n[[tokens]]\nid = \"{id}\"\ntrust = \"known\"\nhash = \"{}\"\n",
+            tokens(),
+            hash_token(NEW)
+        )
+    };
+    let at_start = ConfigFile::new("anonymous-start", &named("anonymous"));
+    let error = tools::app(&Probe::default())
+        .config_file(&at_start.path)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("reserved"), "{error}");
+
+    let file = ConfigFile::new("anonymous-reload", &tokens());
+    let router = app_with(&file, &Probe::default()).router().unwrap();
+    for id in ["anonymous", "Anonymous"] {
+        file.replace(&named(id));
+        let refused = admin_reload(&router, Some(ROOT)).await;
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{id}");
+        assert_eq!(refused.json()["error"]["code"], "CONFIG_INVALID", "{id}");
+        let message = refused.json()["error"]["message"].to_string();
+        assert!(message.contains("reserved"), "{id}: {message}");
+        assert_eq!(
+            call(&router, &echo(), Some(NEW)).await.status,
+            StatusCode::UNAUTHORIZED,
+            "{id}: the file applied"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_restart_only_key_refuses_the_whole_file() {
     let file = ConfigFile::new(
