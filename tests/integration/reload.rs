@@ -581,6 +581,28 @@ async fn a_token_named_anonymous_is_refused_at_the_start_and_on_reload() {
     }
 }
 
+/// A reloaded `timeout` is the deadline the call ends at and the one its error names.
+#[tokio::test]
+async fn a_reloaded_timeout_is_the_one_the_error_names() {
+    let file = ConfigFile::new("timeout", &tokens());
+    let router = app_with(&file, &Probe::default()).router().unwrap();
+    file.replace(&format!(
+        "{}\n[tools.slow_read]\ntimeout = \"300ms\"\n",
+        tokens()
+    ));
+    assert_eq!(
+        admin_reload(&router, Some(ROOT)).await.status,
+        StatusCode::OK
+    );
+    // The tool's declared deadline is 2 s: the call would complete within it.
+    let slow = json!({ "tool": "slow_read", "arguments": { "millis": 1500 } });
+    let timed_out = call(&router, &slow, None).await;
+    assert_eq!(timed_out.status, StatusCode::GATEWAY_TIMEOUT);
+    let body = timed_out.json();
+    assert_eq!(body["status"], "timed_out");
+    assert_eq!(body["error"]["details"]["timeout_ms"], 300, "{body}");
+}
+
 #[tokio::test]
 async fn a_restart_only_key_refuses_the_whole_file() {
     let file = ConfigFile::new(

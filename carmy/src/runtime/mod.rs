@@ -198,6 +198,9 @@ struct Prepared {
     principal: Principal,
     requester: Requester,
     idempotency: Option<(IdempotencyKey, Fingerprint)>,
+    /// The tool's deadline in this snapshot: `carmy.toml`'s override, else the declared one,
+    /// else the default.
+    timeout: Duration,
     deadline: Instant,
     /// The execution is kept for its caller (`protocol.md` §9).
     kept: bool,
@@ -674,6 +677,7 @@ impl Runtime {
             principal,
             requester,
             idempotency,
+            timeout,
             // From the call's start, read once for its duration too.
             deadline: started + timeout,
             kept,
@@ -1162,12 +1166,7 @@ impl Runtime {
             Ran::TimedOut => {
                 let error =
                     ToolError::timeout(codes::TIMEOUT, "the execution ran past its deadline")
-                        .details(json!({
-                            "timeout_ms": tool
-                                .timeout
-                                .unwrap_or(self.settings.default_timeout)
-                                .as_millis()
-                        }));
+                        .details(json!({ "timeout_ms": prepared.timeout.as_millis() }));
                 (
                     ExecutionStatus::TimedOut,
                     Ended::Error(interrupted(error, safe_to_rerun)),
