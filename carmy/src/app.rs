@@ -428,11 +428,9 @@ impl App {
             self.http.body_timeout = timeout;
         }
         if let Some(config) = &self.config {
+            // `[metrics] trust` is the snapshot's (`Base::build`): it reloads.
             if let Some(enabled) = config.metrics.enabled {
                 self.settings.metrics = enabled;
-            }
-            if let Some(trust) = config.metrics.trust {
-                self.http.metrics_trust = trust;
             }
         }
         serve::check_body_timeout(self.http.body_timeout)?;
@@ -514,6 +512,7 @@ impl App {
             catalog,
             protection,
             runtime: self.settings,
+            metrics_trust: self.http.metrics_trust,
         };
         let current: Current = Arc::new(ArcSwap::from_pointee(base.build(self.config.as_ref())?));
         let rate_limited = {

@@ -49,8 +49,9 @@
 //! ```
 //!
 //! One `serde` struct per table, each refusing unknown keys, so a typo or a value of the wrong
-//! type (`"true"` for a bool) stops the start with the file and line. Everything but `[server]`
-//! and `[metrics]` is reloaded while serving (`crate::reload`); those two need a restart.
+//! type (`"true"` for a bool) stops the start with the file and line. Everything but the
+//! `[server]` keys and `[metrics] enabled` is reloaded while serving (`crate::reload`); a change
+//! to one of those needs a restart.
 
 use std::collections::BTreeMap;
 use std::num::{NonZeroU32, NonZeroU64};
@@ -119,7 +120,7 @@ pub(crate) struct ToolOverride {
 }
 
 /// `[metrics]`: whether `/metrics` is served, and to whom; what is set replaces the builder's.
-/// Restart-only: the route and its middleware are set up once.
+/// `enabled` is restart-only (the route and its middleware are set up once); `trust` reloads.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct Metrics {
@@ -130,8 +131,7 @@ pub(crate) struct Metrics {
 
 impl Config {
     /// The first restart-only key (`[server]`: the listener and connections are set up once;
-    /// `[metrics]`: the route and its middleware too)
-    /// whose value differs in `next`.
+    /// `[metrics] enabled`: the route and its middleware too) whose value differs in `next`.
     pub(crate) fn restart_required(&self, next: &Config) -> Option<&'static str> {
         let ServerConfig {
             head_timeout,
@@ -171,7 +171,6 @@ impl Config {
                 "metrics.enabled",
                 self.metrics.enabled == next.metrics.enabled,
             ),
-            ("metrics.trust", self.metrics.trust == next.metrics.trust),
         ]
         .into_iter()
         .find(|&(_, same)| !same)
@@ -863,7 +862,7 @@ mod tests {
     }
 
     #[test]
-    fn only_server_keys_need_a_restart() {
+    fn only_server_keys_and_metrics_enabled_need_a_restart() {
         let before = parse("[server]\nhead_timeout_secs = 5\n").unwrap();
         let tokens = parse(
             "security_headers = true\n[rate_limit]\nknown = 3\n[server]\nhead_timeout_secs = 5\n",
@@ -880,6 +879,11 @@ mod tests {
             before.restart_required(&grace),
             Some("server.shutdown_grace_secs")
         );
+        let server = "[server]\nhead_timeout_secs = 5\n";
+        let trust = parse(&format!("{server}[metrics]\ntrust = \"internal\"\n")).unwrap();
+        assert_eq!(before.restart_required(&trust), None);
+        let enabled = parse(&format!("{server}[metrics]\nenabled = true\n")).unwrap();
+        assert_eq!(before.restart_required(&enabled), Some("metrics.enabled"));
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub(crate) struct Settings {
     /// `[events]`; `None` while events are off.
     #[cfg(feature = "events")]
     pub(crate) events: Option<Arc<crate::events::EventSettings>>,
+    /// The least trusted caller that may read `/metrics` (when metrics are on).
+    pub(crate) metrics_trust: TrustLevel,
 }
 
 impl std::fmt::Debug for Settings {
@@ -116,6 +118,8 @@ pub(crate) struct Base {
     pub(crate) catalog: Catalog,
     pub(crate) protection: Protection,
     pub(crate) runtime: runtime::Settings,
+    /// The builder's `App::metrics_trust`, which `[metrics] trust` replaces.
+    pub(crate) metrics_trust: TrustLevel,
 }
 
 impl Base {
@@ -141,6 +145,7 @@ impl Base {
                     security_headers,
                     // Applied once, to the server: a change needs a restart.
                     server: _,
+                    // `enabled` is applied once, to the routes; `trust` below.
                     metrics: _,
                     tools,
                     // Below, with the other derived objects.
@@ -179,7 +184,11 @@ impl Base {
         };
         let catalog = Arc::new(catalog);
         let documents = Documents::build(&self.name, &catalog, features);
+        let metrics_trust = config
+            .and_then(|config| config.metrics.trust)
+            .unwrap_or(self.metrics_trust);
         Ok(Settings {
+            metrics_trust,
             protection,
             #[cfg(feature = "mcp")]
             mcp_tools: Default::default(),

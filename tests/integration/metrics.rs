@@ -445,3 +445,56 @@ async fn config_reloads_are_counted_by_result() {
         assert_eq!(*reading, Reading::Counter(count as f64), "{result}");
     }
 }
+
+/// `[metrics] trust` reloads: who may scrape changes with the file. `[metrics] enabled` sets up
+/// the route once: changing it needs a restart, and the file is refused naming it.
+#[tokio::test]
+async fn metrics_trust_reloads_and_enabled_needs_a_restart() {
+    let dir = carmy_tests::TempDir::new("metrics-trust");
+    let path = dir.0.join("carmy.toml");
+    let root = format!(
+        "[[tokens]]\nid = \"root\"\ntrust = \"internal\"\nhash = \"{}\"\n",
+        carmy::auth::hash_token("root-token")
+    );
+    let write = |text: &str| {
+        let staged = dir.0.join(".carmy.toml.swp");
+        std::fs::write(&staged, text).unwrap();
+        std::fs::rename(&staged, &path).unwrap();
+    };
+    write(&format!("[metrics]\nenabled = true\n\n{root}"));
+    let router = tools::app(&Probe::default())
+        .config_file(&path)
+        .unwrap()
+        .router()
+        .unwrap();
+    let send_as = async |method: &str, path: &str, token: Option<&str>| {
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        send(&router, request.body(Body::empty()).unwrap()).await
+    };
+    assert_eq!(
+        send_as("GET", "/metrics", None).await.status,
+        StatusCode::OK
+    );
+
+    write(&format!(
+        "[metrics]\nenabled = true\ntrust = \"internal\"\n\n{root}"
+    ));
+    let applied = send_as("POST", "/agent/admin/reload", Some("root-token")).await;
+    assert_eq!(applied.status, StatusCode::OK, "{}", applied.json());
+    let hidden = send_as("GET", "/metrics", None).await;
+    assert_eq!(hidden.status, StatusCode::NOT_FOUND);
+    assert_eq!(hidden.json()["error"]["code"], "ROUTE_NOT_FOUND");
+    let allowed = send_as("GET", "/metrics", Some("root-token")).await;
+    assert_eq!(allowed.status, StatusCode::OK);
+
+    write(&format!(
+        "[metrics]\nenabled = false\ntrust = \"internal\"\n\n{root}"
+    ));
+    let refused = send_as("POST", "/agent/admin/reload", Some("root-token")).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    assert_eq!(refused.json()["error"]["code"], "RESTART_REQUIRED");
+    assert_eq!(refused.json()["error"]["details"]["key"], "metrics.enabled");
+}

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::GateLayer;
 use crate::principal::{Principal, TrustLevel};
-use crate::settings::Admitted;
+use crate::settings::{Admitted, Current, Settings};
 use crate::telemetry::{Format, Metrics};
 use crate::wire::NO_STORE;
 
@@ -22,23 +22,23 @@ static PROMETHEUS_TEXT: HeaderValue =
 static OPENMETRICS_TEXT: HeaderValue =
     HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8");
 
-/// Who may read the metrics: callers trusted at `trust` or more; to the others the route does
-/// not exist.
+/// The metrics, and the configuration whose snapshot says who may read them: callers trusted
+/// at its `metrics_trust` or more; to the others the route does not exist.
 #[derive(Clone)]
 struct Exposition {
     metrics: Arc<Metrics>,
-    trust: TrustLevel,
+    current: Current,
 }
 
-pub(crate) fn router(gate: &GateLayer, metrics: Arc<Metrics>, trust: TrustLevel) -> Router {
-    let exposition = gate.endpoints(Exposition { metrics, trust });
+pub(crate) fn router(gate: &GateLayer, metrics: Arc<Metrics>, current: Current) -> Router {
+    let exposition = gate.endpoints(Exposition { metrics, current });
     Router::new().route(METRICS_PATH, exposition.get(expose))
 }
 
 async fn expose(State(exposition): State<Exposition>, request: Request) -> Response {
-    let caller =
-        Admitted::caller(request.extensions()).map_or(TrustLevel::Anonymous, Principal::trust);
-    if caller < exposition.trust {
+    let extensions = request.extensions();
+    let caller = Admitted::caller(extensions).map_or(TrustLevel::Anonymous, Principal::trust);
+    if caller < Settings::of(extensions, &exposition.current).metrics_trust {
         return super::route_not_found().await.into_response();
     }
     let format = negotiate(request.headers());

@@ -50,7 +50,8 @@ pub(crate) struct HttpSettings {
     pub(crate) keep_alive: Duration,
     /// How long a request body may take to arrive, from the end of its head.
     pub(crate) body_timeout: Duration,
-    /// The least trusted caller that may read `/metrics` (when metrics are on).
+    /// The least trusted caller that may read `/metrics` (when metrics are on), unless the
+    /// configuration says otherwise (the snapshot's `metrics_trust`).
     pub(crate) metrics_trust: TrustLevel,
 }
 
@@ -80,7 +81,7 @@ pub(crate) fn router(
     let health = health::router(gate, runtime.health().clone());
     let metrics = runtime
         .metrics()
-        .map(|metrics| metrics::router(gate, Arc::clone(metrics), settings.metrics_trust));
+        .map(|metrics| metrics::router(gate, Arc::clone(metrics), Arc::clone(current)));
     let documents = gate.endpoints(Arc::clone(current));
     let documents = Router::new()
         .route(paths::DISCOVERY, documents.get_inline(documents::discovery))

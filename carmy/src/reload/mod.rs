@@ -4,8 +4,9 @@
 //! requests in flight keep the snapshot they started with. It knows nothing of HTTP.
 //!
 //! A file that fails keeps the configuration in force, is logged once, and shows as the `warn`
-//! check `config` until a good file loads. A change to a `[server]` key needs a restart: the
-//! whole file is refused, naming the key. An unchanged file changes nothing.
+//! check `config` until a good file loads. A change to a `[server]` key or to `[metrics]
+//! enabled` needs a restart: the whole file is refused, naming the key. An unchanged file
+//! changes nothing.
 
 mod watch;
 
@@ -186,7 +187,7 @@ pub(crate) struct Reloader {
 }
 
 struct State {
-    /// The configuration at start: a `[server]` key that differs from it needs a restart.
+    /// The configuration at start: a restart-only key that differs from it needs a restart.
     started: Config,
     /// The configuration in force, to which an unchanged file is equal.
     applied: Config,
