@@ -531,8 +531,9 @@ async fn a_direct_answer_in_a_session_is_the_message_the_sdk_streams() {
     assert_eq!(probe.runs(), 1 + 2, "refuse twice, count once");
 }
 
-/// Over a socket: a body of unknown length (chunked) or beyond the SDK's limit is left to the
-/// SDK, and a body cut short by the client gets a JSON-RPC error, not plain text.
+/// Over a socket: a body of unknown length (chunked) is left to the SDK, one beyond the SDK's
+/// limit is refused with `413`, and a body cut short by the client gets a JSON-RPC error with
+/// `400`, not plain text.
 #[tokio::test]
 async fn calls_with_chunked_excessive_or_short_bodies() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -553,10 +554,9 @@ async fn calls_with_chunked_excessive_or_short_bodies() {
         .send(call(2, "echo", json!({ "text": big }), json!({})))
         .await;
     let error = rpc_error(&answer, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(
-        error["message"],
-        "Payload Too Large: request body exceeds 4194304 bytes"
-    );
+    assert_eq!(error["code"], -32600);
+    assert_eq!(error["data"]["code"], "PAYLOAD_TOO_LARGE");
+    assert_eq!(error["data"]["details"]["limit_bytes"], 4 * 1024 * 1024);
 
     // Half the body, then the client stops sending.
     let head = format!(
@@ -574,13 +574,84 @@ async fn calls_with_chunked_excessive_or_short_bodies() {
         .await
         .expect("answered within 5 s")
         .unwrap();
-    assert!(answer.starts_with("HTTP/1.1 500"), "{answer}");
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(
         answer.contains("content-type: application/json"),
         "{answer}"
     );
     assert!(answer.contains("\"code\":-32600"), "{answer}");
+    assert!(answer.contains("\"code\":\"INVALID_REQUEST\""), "{answer}");
     assert_eq!(probe.runs(), 0);
+}
+
+/// A body that does not arrive within the body deadline is `408`, as on every other route,
+/// whether the call would be answered directly or by the SDK.
+#[tokio::test]
+async fn a_stalled_body_is_a_json_rpc_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let app = tools::app(&Probe::default()).body_timeout(Duration::from_secs(1));
+    let server = Server::start(app.router().unwrap()).await;
+    let direct =
+        format!("mcp-protocol-version: {MODERN}\r\nmcp-method: tools/call\r\nmcp-name: echo\r\n");
+    for extra in [direct.as_str(), ""] {
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+             accept: application/json, text/event-stream\r\n{extra}content-length: 100\r\n\r\n{{"
+        );
+        let mut socket = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        socket.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = vec![0; 4096];
+        let read = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut answer))
+            .await
+            .expect("answered within 5 s")
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer[..read]);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{extra:?}: {answer}");
+        assert!(answer.contains("\"code\":-32600"), "{answer}");
+        assert!(answer.contains("\"code\":\"REQUEST_TIMEOUT\""), "{answer}");
+    }
+}
+
+/// A body that is not JSON is a JSON-RPC parse error (`-32700`), and JSON that is no JSON-RPC
+/// message an invalid request (`-32600`), both with `400`; a body that is not declared JSON
+/// stays a `415`.
+#[tokio::test]
+async fn malformed_bodies_are_parse_errors_and_invalid_requests() {
+    let router = router(&Probe::default());
+    let raw = |body: &'static str, headers: &[(&str, &str)]| {
+        let mut request = Request::post("/mcp")
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(Body::from(body)).unwrap()
+    };
+    let direct = [
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "echo"),
+    ];
+    for headers in [&direct[..], &[]] {
+        for (body, code) in [
+            ("{\"jsonrpc\": \"2.0\", \"id\": 1,", -32700),
+            ("not json", -32700),
+            ("{\"jsonrpc\": \"2.0\", \"id\": 1}", -32600),
+            ("[1, 2]", -32600),
+        ] {
+            let answer = send(&router, raw(body, headers)).await;
+            let error = rpc_error(&answer, StatusCode::BAD_REQUEST);
+            assert_eq!(error["code"], code, "{body}: {error}");
+            assert_eq!(answer.json()["id"], Value::Null);
+        }
+    }
+    let mut text = raw("{}", &[]);
+    text.headers_mut()
+        .insert("content-type", "text/plain".parse().unwrap());
+    let answer = send(&router, text).await;
+    rpc_error(&answer, StatusCode::UNSUPPORTED_MEDIA_TYPE);
 }
 
 /// Over sockets, the agent's question: sixty-four direct calls at once with one key, as an

@@ -282,10 +282,7 @@ pub(super) async fn read_body(body: Body) -> Result<Bytes, ToolError> {
     match super::whole_body(Limited::new(body, MAX_BODY_BYTES)).await {
         Ok(bytes) => Ok(bytes),
         Err(error) if error.is::<LengthLimitError>() => Err(payload_too_large()),
-        Err(error) if super::body_timed_out(&*error) => Err(super::body_timeout()),
-        Err(error) => Err(ToolError::invalid_request(format!(
-            "the request body could not be read: {error}"
-        ))),
+        Err(error) => Err(super::unreadable_body(&*error)),
     }
 }
 

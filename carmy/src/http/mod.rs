@@ -210,6 +210,16 @@ fn body_timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
         .any(|error| error.is::<gate::BodyTimedOut>())
 }
 
+/// Why a request body could not be read, as the answer says it: its deadline passed (`408`),
+/// or the client broke it off or sent it malformed (`400`).
+pub(crate) fn unreadable_body(error: &(dyn std::error::Error + 'static)) -> ToolError {
+    if body_timed_out(error) {
+        body_timeout()
+    } else {
+        ToolError::invalid_request(format!("the request body could not be read: {error}"))
+    }
+}
+
 fn body_timeout() -> ToolError {
     ToolError::new(
         Category::Cancelled,

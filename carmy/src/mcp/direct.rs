@@ -180,16 +180,13 @@ pub(super) async fn answer_in_session(
     Ok(json_rpc_answer(id, answered))
 }
 
-/// The request's head and whole body, or the SDK's answer to a body that fails (in plain
-/// text, made JSON by the caller).
+/// The request's head and whole body (of a length known to be within the SDK's limit), or the
+/// refusal of a body that fails: `408` past the body deadline, else `400`.
 async fn read(request: Request) -> Result<(Parts, Bytes), Response> {
     let (parts, body) = request.into_parts();
     match crate::http::whole_body(body).await {
         Ok(bytes) => Ok((parts, bytes)),
-        Err(error) => {
-            let message = format!("Failed to read request body: {error}");
-            Err((StatusCode::INTERNAL_SERVER_ERROR, message).into_response())
-        }
+        Err(error) => Err(super::refusal(&crate::http::unreadable_body(&error))),
     }
 }
 
@@ -250,14 +247,19 @@ fn plain_post(method: &Method, headers: &HeaderMap) -> bool {
             .get(HOST)
             .and_then(|host| host.to_str().ok())
             .is_some_and(|host| Authority::try_from(host).is_ok())
-        && headers
-            .get(CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .is_some_and(|value| {
-                let essence = value.split_once(';').map_or(value, |(essence, _)| essence);
-                essence.trim().eq_ignore_ascii_case(JSON_MIME_TYPE)
-            })
+        && is_json(headers)
         && accepts_json_and_events(headers)
+}
+
+/// The body is JSON by its `Content-Type`, as the SDK judges it.
+pub(super) fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            let essence = value.split_once(';').map_or(value, |(essence, _)| essence);
+            essence.trim().eq_ignore_ascii_case(JSON_MIME_TYPE)
+        })
 }
 
 /// A stateless 2026-07-28 `tools/call`: naming the version and the method once each, with no

@@ -18,14 +18,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::header::{
     CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use http_body_util::BodyExt;
+use http_body::Body as _;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use rmcp::ServiceExt;
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -49,6 +50,8 @@ pub(crate) use handler::McpHandler;
 
 /// JSON-RPC's "Invalid Request", the code of transport-level refusals (origin, credentials).
 const INVALID_REQUEST: i32 = -32600;
+/// JSON-RPC's "Parse error": the body is not JSON.
+const PARSE_ERROR: i32 = -32700;
 
 /// How MCP is served; set through the [`App`](crate::App) builder.
 #[derive(Debug, Clone, Default)]
@@ -169,18 +172,34 @@ async fn admit(request: Request, endpoint: &Endpoint) -> Response {
 
 /// The SDK's answer to `request`, followed for what carmy keeps of sessions: the session a
 /// POST without one opens, a request that reaches the session's worker, a session that ends.
-async fn hand_to_sdk(mut request: Request, endpoint: &Endpoint) -> Response {
-    let session_id = request
-        .headers()
+/// A POST's body is read here, within the SDK's limit and the body deadline, so that a body
+/// that fails is answered as carmy answers it elsewhere.
+async fn hand_to_sdk(request: Request, endpoint: &Endpoint) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let session_id = parts
+        .headers
         .get(&direct::SESSION_ID)
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
-    let opening = (session_id.is_none() && request.method() == Method::POST).then(|| {
+    let opening = (session_id.is_none() && parts.method == Method::POST).then(|| {
         let opening = Opening::default();
-        request.extensions_mut().insert(opening.clone());
+        parts.extensions.insert(opening.clone());
         opening
     });
-    let deleting = request.method() == Method::DELETE;
+    let deleting = parts.method == Method::DELETE;
+    let mut posted = None;
+    let body = if parts.method == Method::POST {
+        let bytes = match read_body(body, endpoint.max_body).await {
+            Ok(bytes) => bytes,
+            Err(error) => return refusal(&error),
+        };
+        posted = Some(bytes.clone());
+        Body::from(bytes)
+    } else {
+        body
+    };
+    let json_body = direct::is_json(&parts.headers);
+    let request = Request::from_parts(parts, body);
     let answered = endpoint.sdk.handle(request).await.map(Body::new);
     let status = answered.status();
     match (session_id, opening) {
@@ -204,7 +223,55 @@ async fn hand_to_sdk(mut request: Request, endpoint: &Endpoint) -> Response {
         }
         _ => {}
     }
-    answered
+    match posted {
+        Some(bytes) if status == StatusCode::UNSUPPORTED_MEDIA_TYPE && json_body => {
+            unparsable(&bytes)
+        }
+        _ => answered,
+    }
+}
+/// The whole body of a POST, at most `max` bytes (the SDK's limit), within the body deadline.
+async fn read_body(body: Body, max: usize) -> Result<Bytes, ToolError> {
+    let too_large = || {
+        ToolError::validation(
+            codes::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than {max} bytes"),
+        )
+        .details(json!({ "limit_bytes": max }))
+        .recoverable(true)
+    };
+    if body.size_hint().lower() > max as u64 {
+        return Err(too_large());
+    }
+    match crate::http::whole_body(Limited::new(body, max)).await {
+        Ok(bytes) => Ok(bytes),
+        Err(error) if error.is::<LengthLimitError>() => Err(too_large()),
+        Err(error) => Err(crate::http::unreadable_body(&*error)),
+    }
+}
+
+/// A body the SDK could not read as a JSON-RPC message (its `415`): `400`, a parse error if it
+/// is not JSON at all, else an invalid request.
+fn unparsable(body: &[u8]) -> Response {
+    let (code, message) = match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+        Err(error) => (PARSE_ERROR, format!("Parse error: {error}")),
+        Ok(_) => (
+            INVALID_REQUEST,
+            "Invalid Request: the body is not a JSON-RPC request, notification or response"
+                .to_owned(),
+        ),
+    };
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": { "code": code, "message": message },
+    });
+    (
+        StatusCode::BAD_REQUEST,
+        [(CONTENT_TYPE, JSON.clone())],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 /// The SDK refuses some requests (wrong method, `Accept` or `Content-Type`) in plain text:
