@@ -336,6 +336,32 @@ impl App {
         self
     }
 
+    /// How many MCP sessions (the `initialize`/`Mcp-Session-Id` generation) one caller may have
+    /// open at once (default 32): a caller is a token's id, and an anonymous caller the address
+    /// it connects from (one for all of them when served without connection info). An
+    /// `initialize` over the cap is refused with `503 MCP_SESSION_LIMIT`.
+    #[cfg(feature = "mcp")]
+    pub fn mcp_sessions_per_caller(mut self, sessions: usize) -> Self {
+        self.mcp.sessions.per_caller = sessions;
+        self
+    }
+
+    /// How many MCP sessions the server keeps open at once, all callers together (default
+    /// 4,096); over it, `initialize` is refused with `503 MCP_SESSION_LIMIT`.
+    #[cfg(feature = "mcp")]
+    pub fn mcp_max_sessions(mut self, sessions: usize) -> Self {
+        self.mcp.sessions.total = sessions;
+        self
+    }
+
+    /// How long an MCP session may go without a request before it ends (default 5 minutes),
+    /// freeing its place.
+    #[cfg(feature = "mcp")]
+    pub fn mcp_session_idle_timeout(mut self, idle: std::time::Duration) -> Self {
+        self.mcp.sessions.idle = idle;
+        self
+    }
+
     /// Serves the host's own `routes` beside carmy's, outside carmy's checks (no rate limit, no
     /// caller, no security headers): what [`App::serve`] cannot otherwise add. The example
     /// serves the console at `/` this way. A route carmy serves too panics, as
@@ -466,6 +492,7 @@ impl App {
                 mcp.stdio_principal.clone(),
             ),
             http.keep_alive,
+            mcp.sessions,
             started.runtime.shutdown_token(),
         ));
         let router = match routes {

@@ -38,6 +38,9 @@ pub(crate) mod codes {
     pub(crate) const RATE_LIMITER_UNAVAILABLE: &str = "RATE_LIMITER_UNAVAILABLE";
     #[cfg(feature = "mcp")]
     pub(crate) const ORIGIN_NOT_ALLOWED: &str = "ORIGIN_NOT_ALLOWED";
+    /// An MCP `initialize` over the caller's or the server's cap on open sessions.
+    #[cfg(feature = "mcp")]
+    pub(crate) const MCP_SESSION_LIMIT: &str = "MCP_SESSION_LIMIT";
     /// A webhook URL the SSRF guard refuses (§8).
     #[cfg(feature = "events")]
     pub(crate) const WEBHOOK_URL_REFUSED: &str = "WEBHOOK_URL_REFUSED";

@@ -19,6 +19,7 @@ mod health;
 mod idempotency;
 mod mcp;
 mod mcp_clients;
+mod mcp_sessions;
 mod memory_bound;
 mod metrics;
 mod openapi;

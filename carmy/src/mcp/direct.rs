@@ -34,12 +34,12 @@ use rmcp::transport::common::http_header::{
     BASE64_HEADER_PREFIX, BASE64_HEADER_SUFFIX, EVENT_STREAM_MIME_TYPE, JSON_MIME_TYPE,
 };
 use rmcp::transport::streamable_http_server::session::SessionManager;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::McpHandler;
+use super::manager::Manager;
 use super::sessions::Sessions;
 use crate::wire::JSON;
 
@@ -120,7 +120,7 @@ pub(super) async fn answer_in_session(
     request: Request,
     handler: &McpHandler,
     sessions: &Arc<Sessions>,
-    manager: &LocalSessionManager,
+    manager: &Manager,
 ) -> Result<Response, Request> {
     let (parts, bytes) = match read(request).await {
         Ok(read) => read,

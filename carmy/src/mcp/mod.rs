@@ -10,6 +10,7 @@
 
 mod direct;
 mod handler;
+mod manager;
 mod sessions;
 pub(crate) mod tools;
 
@@ -29,14 +30,16 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use rmcp::ServiceExt;
 use rmcp::transport::streamable_http_server::session::SessionManager;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use serde_json::json;
+use serde::Deserialize;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, service_fn};
 
 use self::direct::Route;
-use self::sessions::{Opening, Sessions};
+use self::manager::Manager;
+pub(crate) use self::sessions::SessionLimits;
+use self::sessions::{Access, Full, Opening, Owner, Sessions};
 use crate::error::Error;
 use crate::http::GateLayer;
 use crate::http::error::{retry_after_header, status_of};
@@ -52,12 +55,17 @@ pub(crate) use handler::McpHandler;
 const INVALID_REQUEST: i32 = -32600;
 /// JSON-RPC's "Parse error": the body is not JSON.
 const PARSE_ERROR: i32 = -32700;
+/// The SDK's answer to a request naming a session it does not have, made JSON as the SDK's
+/// refusals are ([`json_refusal`]).
+const SESSION_NOT_FOUND: &str = "Not Found: Session not found";
 
 /// How MCP is served; set through the [`App`](crate::App) builder.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct McpSettings {
     /// The caller over stdio, where there is no request to authenticate.
     pub(crate) stdio_principal: Principal,
+    /// How many sessions may be open, and how long one may be idle.
+    pub(crate) sessions: SessionLimits,
 }
 
 /// `/mcp`, behind the gate, whose configuration snapshot gives the browser origins allowed
@@ -68,9 +76,10 @@ pub(crate) fn router(
     gate: &GateLayer,
     handler: McpHandler,
     keep_alive: Duration,
+    limits: SessionLimits,
     shutdown: CancellationToken,
 ) -> Router {
-    let sessions = Arc::new(Sessions::new(shutdown.clone()));
+    let sessions = Arc::new(Sessions::new(limits, shutdown.clone()));
     let config = StreamableHttpServerConfig::default()
         // The gate checks the Origin, which is what stops DNS rebinding; a Host allowlist
         // would refuse every deployment not on loopback.
@@ -81,7 +90,7 @@ pub(crate) fn router(
         .with_cancellation_token(shutdown);
     let max_body = config.max_request_body_bytes;
     let sdk_handler = handler.clone();
-    let manager = Arc::new(LocalSessionManager::default());
+    let manager = Arc::new(Manager::new(limits, Arc::clone(&sessions)));
     let sdk = StreamableHttpService::new(
         move || Ok(sdk_handler.clone()),
         Arc::clone(&manager),
@@ -106,9 +115,9 @@ pub(crate) fn router(
 /// What serves `/mcp`: the SDK, and the handler for the calls answered directly.
 struct Endpoint {
     /// The SDK's Streamable HTTP service, serving [`McpHandler`].
-    sdk: StreamableHttpService<McpHandler, LocalSessionManager>,
+    sdk: StreamableHttpService<McpHandler, Manager>,
     /// The SDK's sessions, asked whether one still lives before a call is answered in it.
-    manager: Arc<LocalSessionManager>,
+    manager: Arc<Manager>,
     /// What carmy knows of those sessions.
     sessions: Arc<Sessions>,
     handler: McpHandler,
@@ -129,9 +138,10 @@ pub(crate) async fn serve_stdio(handler: McpHandler) -> Result<(), Error> {
     Ok(())
 }
 
-/// Refuses foreign browser origins (`403`), then answers a plain stateless `tools/call`
-/// directly and hands any other request to the SDK; the protection gate in front has already
-/// attached the caller and the configuration snapshot.
+/// Refuses foreign browser origins (`403`) and requests naming another caller's session (as
+/// unknown, `404`), then answers a plain `tools/call` directly and hands any other request to
+/// the SDK; the protection gate in front has already attached the caller and the
+/// configuration snapshot.
 async fn admit(request: Request, endpoint: &Endpoint) -> Response {
     let allowed: &[String] = request
         .extensions()
@@ -146,6 +156,24 @@ async fn admit(request: Request, endpoint: &Endpoint) -> Response {
         )
         .recoverable(false);
         return refusal(&error);
+    }
+    // The header as the SDK reads it: the first, as text.
+    if let Some(id) = request
+        .headers()
+        .get(&direct::SESSION_ID)
+        .and_then(|value| value.to_str().ok())
+    {
+        let owner = Owner::of(request.headers(), request.extensions());
+        match endpoint.sessions.access(id, &owner) {
+            Access::Owned => {}
+            // Told apart from an unknown one by nothing, and nothing is done.
+            Access::Foreign => return session_not_found().await,
+            // The SDK would answer `202`, as if it had ended something.
+            Access::Unknown if request.method() == Method::DELETE => {
+                return session_not_found().await;
+            }
+            Access::Unknown => {}
+        }
     }
     // Boxed: the futures are kilobytes, which the gate's future would carry and move.
     let request = match direct::route(&request, endpoint.max_body) {
@@ -170,10 +198,10 @@ async fn admit(request: Request, endpoint: &Endpoint) -> Response {
     json_refusal(Box::pin(hand_to_sdk(request, endpoint)).await).await
 }
 
-/// The SDK's answer to `request`, followed for what carmy keeps of sessions: the session a
-/// POST without one opens, a request that reaches the session's worker, a session that ends.
-/// A POST's body is read here, within the SDK's limit and the body deadline, so that a body
-/// that fails is answered as carmy answers it elsewhere.
+/// The SDK's answer to `request`, followed for what carmy keeps of sessions: the session an
+/// `initialize` opens (within the caps), a request that reaches the session's worker. A POST's
+/// body is read here, within the SDK's limit and the body deadline, so that a body that fails
+/// is answered as carmy answers it elsewhere.
 async fn hand_to_sdk(request: Request, endpoint: &Endpoint) -> Response {
     let (mut parts, body) = request.into_parts();
     let session_id = parts
@@ -181,18 +209,28 @@ async fn hand_to_sdk(request: Request, endpoint: &Endpoint) -> Response {
         .get(&direct::SESSION_ID)
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
-    let opening = (session_id.is_none() && parts.method == Method::POST).then(|| {
-        let opening = Opening::default();
-        parts.extensions.insert(opening.clone());
-        opening
-    });
-    let deleting = parts.method == Method::DELETE;
     let mut posted = None;
+    let mut opening = None;
+    // Who would own a session this request opens.
+    let opener = (session_id.is_none() && parts.method == Method::POST)
+        .then(|| Owner::of(&parts.headers, &parts.extensions));
     let body = if parts.method == Method::POST {
         let bytes = match read_body(body, endpoint.max_body).await {
             Ok(bytes) => bytes,
             Err(error) => return refusal(&error),
         };
+        if let Some(owner) = &opener
+            && let Some(id) = initialize_id(&bytes)
+        {
+            match endpoint.sessions.reserve(owner.clone()) {
+                Ok(reserved) => {
+                    let started = Opening::default();
+                    parts.extensions.insert(started.clone());
+                    opening = Some((started, reserved));
+                }
+                Err(full) => return refusal_of(&id, &session_limit(full)),
+            }
+        }
         posted = Some(bytes.clone());
         Body::from(bytes)
     } else {
@@ -202,23 +240,24 @@ async fn hand_to_sdk(request: Request, endpoint: &Endpoint) -> Response {
     let request = Request::from_parts(parts, body);
     let answered = endpoint.sdk.handle(request).await.map(Body::new);
     let status = answered.status();
-    match (session_id, opening) {
-        (Some(id), _) if deleting && status.is_success() => endpoint.sessions.ended(&id),
+    let opened = answered
+        .headers()
+        .get(&direct::SESSION_ID)
+        .and_then(|value| value.to_str().ok());
+    match (session_id, opened, opener) {
         // Accepted: it reached the session's worker.
-        (Some(id), _) if status.is_success() => endpoint.sessions.handed_over(&id),
-        (Some(id), _) if status == StatusCode::NOT_FOUND => {
-            let live = endpoint.manager.has_session(&Arc::from(id.as_str())).await;
-            if !live.unwrap_or(true) {
+        (Some(id), _, _) if status.is_success() => endpoint.sessions.handed_over(&id),
+        (None, Some(id), Some(owner)) if status.is_success() => {
+            let (started, reserved) = match opening {
+                Some(opening) => opening,
+                // An opening carmy did not recognize still gets its owner, past the caps.
+                None => (Opening::default(), endpoint.sessions.adopt(owner)),
+            };
+            endpoint.sessions.opened(id, &started, reserved);
+            // A session whose handshake failed may be closed already, before carmy knew it.
+            let id: Arc<str> = Arc::from(id);
+            if !endpoint.manager.has_session(&id).await.unwrap_or(false) {
                 endpoint.sessions.ended(&id);
-            }
-        }
-        (None, Some(opening)) if status.is_success() => {
-            if let Some(id) = answered
-                .headers()
-                .get(&direct::SESSION_ID)
-                .and_then(|value| value.to_str().ok())
-            {
-                endpoint.sessions.opened(id, &opening);
             }
         }
         _ => {}
@@ -230,6 +269,7 @@ async fn hand_to_sdk(request: Request, endpoint: &Endpoint) -> Response {
         _ => answered,
     }
 }
+
 /// The whole body of a POST, at most `max` bytes (the SDK's limit), within the body deadline.
 async fn read_body(body: Body, max: usize) -> Result<Bytes, ToolError> {
     let too_large = || {
@@ -248,6 +288,44 @@ async fn read_body(body: Body, max: usize) -> Result<Bytes, ToolError> {
         Err(error) if error.is::<LengthLimitError>() => Err(too_large()),
         Err(error) => Err(crate::http::unreadable_body(&*error)),
     }
+}
+
+/// The id of an `initialize` request, which opens a session; `None` for any other body.
+fn initialize_id(body: &[u8]) -> Option<Value> {
+    #[derive(Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
+        #[serde(default)]
+        id: Value,
+    }
+    let envelope: Envelope<'_> = serde_json::from_slice(body).ok()?;
+    (envelope.method.as_deref() == Some("initialize")).then(|| match envelope.id {
+        id @ (Value::String(_) | Value::Number(_)) => id,
+        _ => Value::Null,
+    })
+}
+
+/// The refusal of a session over a cap: `503`, retryable.
+fn session_limit(full: Full) -> ToolError {
+    let (message, scope, limit) = match full {
+        Full::Caller(limit) => (
+            format!(
+                "this caller has {limit} MCP sessions open, the most it may: end one (DELETE \
+                 /mcp) or let one expire"
+            ),
+            "caller",
+            limit,
+        ),
+        Full::Server(limit) => (
+            format!("the server has {limit} MCP sessions open, the most it keeps"),
+            "server",
+            limit,
+        ),
+    };
+    ToolError::capacity(codes::MCP_SESSION_LIMIT, message)
+        .retryable(None)
+        .details(json!({ "scope": scope, "limit": limit }))
 }
 
 /// A body the SDK could not read as a JSON-RPC message (its `415`): `400`, a parse error if it
@@ -272,6 +350,12 @@ fn unparsable(body: &[u8]) -> Response {
         body.to_string(),
     )
         .into_response()
+}
+
+/// The answer to a request naming a session the caller may not use: the SDK's to an unknown
+/// one, byte for byte.
+async fn session_not_found() -> Response {
+    json_refusal((StatusCode::NOT_FOUND, SESSION_NOT_FOUND).into_response()).await
 }
 
 /// The SDK refuses some requests (wrong method, `Accept` or `Content-Type`) in plain text:
@@ -309,9 +393,14 @@ async fn json_refusal(response: Response) -> Response {
 /// A transport-level refusal: the HTTP status of the carmy error, and a JSON-RPC error without
 /// an id whose `data` is the carmy error.
 pub(crate) fn refusal(error: &ToolError) -> Response {
+    refusal_of(&Value::Null, error)
+}
+
+/// A transport-level refusal of the request `id`.
+fn refusal_of(id: &Value, error: &ToolError) -> Response {
     let body = json!({
         "jsonrpc": "2.0",
-        "id": null,
+        "id": id,
         "error": { "code": INVALID_REQUEST, "message": error.message(), "data": error },
     });
     let mut response = (status_of(error), body.to_string()).into_response();

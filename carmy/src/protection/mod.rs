@@ -154,7 +154,7 @@ impl Protection {
 
     /// The key a caller's budget is counted under: the principal, or for anonymous callers
     /// the address they connect from.
-    fn rate_key<'p>(
+    pub(crate) fn rate_key<'p>(
         &self,
         principal: &'p Principal,
         headers: &HeaderMap,
