@@ -41,7 +41,7 @@ impl Authenticator for Tokens {
 }
 
 pub(crate) const ALICE: (&str, &str) = ("authorization", "Bearer alice");
-const BOB: (&str, &str) = ("authorization", "Bearer bob");
+pub(crate) const BOB: (&str, &str) = ("authorization", "Bearer bob");
 const ROOT: (&str, &str) = ("authorization", "Bearer root");
 pub(crate) const ASYNC: (&str, &str) = ("prefer", "respond-async");
 

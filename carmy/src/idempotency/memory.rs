@@ -1,8 +1,10 @@
 //! The default store: in memory, bounded, sharded.
 
+mod callers;
+mod line;
 mod outbox;
+mod room;
 
-use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -13,6 +15,8 @@ use hashbrown::HashTable;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use self::callers::{Callers, Who};
+use self::line::Line;
 use self::outbox::MemoryOutbox;
 use super::{
     AfterAttempt, Cancellation, ClaimedDelivery, DeliveryAttempt, ExecutionQuery, ExecutionRecord,
@@ -38,16 +42,21 @@ const MAX_SHARDS: usize = 64;
 /// replica (use a shared store when running several).
 ///
 /// Bounded by a number of records and by the bytes they take (recorded answers, keys, ids):
-/// when full it evicts the oldest finished records first and never a running one; when only
-/// running ones remain, a new reservation is refused (`IDEMPOTENCY_CAPACITY`). Records live in
+/// when full it evicts the oldest finished records first and never a running one, and each
+/// caller (the key's caller id) has a fair share: a caller holding at least its share makes
+/// room with its own oldest records, and one within its share never loses a record to
+/// another's. A reservation that finds no record it may evict (its caller's are all running,
+/// or only running ones remain) is refused (`IDEMPOTENCY_CAPACITY`). Records live in
 /// independently locked shards, so concurrent calls rarely contend; each shard holds an equal
-/// part of both bounds, and an answer larger than a shard's part is not kept: the record turns
-/// uncertain (a retry gets `EXECUTION_UNCERTAIN`, never a second run).
+/// part of both bounds, shared fairly among the callers holding records there, and an answer
+/// larger than a shard's part is not kept: the record turns uncertain (a retry gets
+/// `EXECUTION_UNCERTAIN`, never a second run).
 ///
 /// It also keeps executions for their callers (`protocol.md` §9), for this process only:
 /// another replica cannot look them up. They have a byte bound of their own, `max_bytes` as
-/// well: when it is reached, the executions that ended first are dropped, never a running one,
-/// and a new execution that still does not fit is refused (`503 IDEMPOTENCY_UNAVAILABLE`).
+/// well, shared fairly among the callers in the same way: when it is reached, the executions
+/// that ended first are dropped (a caller at its share's own first), never a running one, and
+/// a new execution that still does not fit is refused (`503 IDEMPOTENCY_UNAVAILABLE`).
 ///
 /// And it keeps event subscriptions and the outbox (`protocol.md` §8), in this process only:
 /// subscriptions, pending deliveries and their attempts are **lost on restart** (events not yet
@@ -75,59 +84,14 @@ struct Shard {
     /// keeps: the table never hashes a key again, and its slots are small (a hash and a place), so
     /// a probe reads little memory.
     index: HashTable<Slot>,
-    /// Ended records (finished or uncertain), oldest first. Eviction takes the front, so it
-    /// reads memory in order instead of a record scattered in a table (at capacity, every new
-    /// record evicts one).
+    /// Ended records (finished or uncertain), oldest first. Eviction takes a caller's oldest,
+    /// so it mostly reads memory in order instead of a record scattered in a table (at
+    /// capacity, every new record evicts one).
     line: Line,
+    /// What each caller holds, for its fair share of the bounds.
+    callers: Callers,
     /// The sum of the records' [`weight`]s.
     bytes: usize,
-}
-
-/// Ended records in the order they ended. A record removed out of turn leaves a gap that the
-/// front passes over.
-#[derive(Default)]
-struct Line {
-    records: VecDeque<Option<Ended>>,
-    /// The number of the front: a record keeps its number while it stays.
-    first: u64,
-}
-
-impl Line {
-    fn get(&self, number: u64) -> Option<&Ended> {
-        self.records.get(self.at(number)?)?.as_ref()
-    }
-
-    /// Takes the record numbered `number` out, leaving a gap.
-    fn take(&mut self, number: u64) -> Option<Ended> {
-        let at = self.at(number)?;
-        self.records.get_mut(at)?.take()
-    }
-
-    fn at(&self, number: u64) -> Option<usize> {
-        usize::try_from(number.checked_sub(self.first)?).ok()
-    }
-
-    /// The number the next record will take.
-    fn next(&self) -> u64 {
-        self.first + self.records.len() as u64
-    }
-
-    fn push(&mut self, record: Ended) {
-        self.records.push_back(Some(record));
-    }
-
-    /// The front, with its number: a record, or a gap.
-    fn pop_front(&mut self) -> Option<(u64, Option<Ended>)> {
-        let front = self.records.pop_front()?;
-        self.first += 1;
-        Some((self.first - 1, front))
-    }
-
-    fn trim_gaps(&mut self) {
-        while let Some(None) = self.records.front() {
-            self.pop_front();
-        }
-    }
 }
 
 struct Slot {
@@ -403,6 +367,7 @@ impl Shard {
         Shard {
             index: HashTable::with_capacity(limits.records.min(RECORDS_PER_SHARD)),
             line: Line::default(),
+            callers: Callers::new(),
             bytes: 0,
         }
     }
@@ -445,7 +410,8 @@ impl Shard {
                     // Its execution outlived its lease: from now on it is uncertain.
                     let execution_id = running.execution_id.clone();
                     let expires_at = running.expires_at;
-                    self.end(hash, |record| record.is(key), None, expires_at);
+                    let who = self.callers.who(&key.caller);
+                    self.end(hash, who, |record| record.is(key), None, expires_at);
                     return Reservation::Uncertain { execution_id };
                 }
                 Place::Ended(number) => {
@@ -458,11 +424,14 @@ impl Shard {
                 }
                 Place::Running(_) => {}
             }
-            self.remove_if(hash, |record| record.is(key));
+            let who = self.callers.who(&key.caller);
+            self.remove_if(hash, who, |record| record.is(key));
         }
+        // A replay needs no account: the caller's is looked up only for a new record.
+        let who = self.callers.who(&key.caller);
         let texts = key.request_id.len() + claim.execution_id.len();
         let bytes = weight(RUNNING, &key.caller, &claim.fingerprint.tool, texts);
-        if !self.make_room(limits, bytes, None, now) {
+        if !self.make_room(limits, who, bytes, None, now) {
             return Reservation::Full;
         }
         let lease_until = now + claim.lease;
@@ -480,6 +449,7 @@ impl Shard {
         self.index
             .insert_unique(hash, Slot { hash, place }, |slot| slot.hash);
         self.bytes += bytes;
+        self.callers.add(who, &key.caller, bytes);
         Reservation::Reserved
     }
 
@@ -498,10 +468,11 @@ impl Shard {
             Finish::Uncertain { .. } => None,
         };
         let held = |record: Shape<'_>| record.is(key) && record.execution_id() == execution_id;
-        let Some(number) = self.end(hash, held, response, now + ttl) else {
+        let who = self.callers.who(&key.caller);
+        let Some(number) = self.end(hash, who, held, response, now + ttl) else {
             return;
         };
-        if !self.make_room(limits, 0, Some(number), now)
+        if !self.make_room(limits, who, 0, Some(number), now)
             && let Some(response) = response
         {
             // This answer alone is over the shard's part of the bound: keep that the call
@@ -512,29 +483,42 @@ impl Shard {
                 "an answer too large for the idempotency store was not kept: a retry gets \
                  EXECUTION_UNCERTAIN"
             );
-            self.end(hash, held, None, now + ttl);
+            self.end(hash, who, held, None, now + ttl);
         }
     }
 
-    /// Ends the record of hash `hash` that `is_it` picks with `answer` (`None`: uncertain), at
-    /// the back of the line; returns its number there, `None` if there is no such record.
+    /// Ends the record of hash `hash` that `is_it` picks, held by `who`, with `answer` (`None`:
+    /// uncertain), at the back of the line; returns its number there, `None` if there is no such
+    /// record.
     fn end(
         &mut self,
         hash: u64,
+        who: Who<'_>,
         is_it: impl Fn(Shape<'_>) -> bool,
         answer: Option<&StoredResponse>,
         expires_at: Instant,
     ) -> Option<u64> {
-        let Shard { index, line, bytes } = self;
+        let Shard {
+            index,
+            line,
+            callers,
+            bytes,
+        } = self;
         let slot = index.find_mut(hash, |slot| picks(slot, hash, line, &is_it))?;
         let record = match &slot.place {
             Place::Running(running) => Ended::new(&running.called(hash), answer, expires_at),
             Place::Ended(earlier) => Ended::new(&line.get(*earlier)?.called(), answer, expires_at),
         };
-        let earlier = std::mem::replace(&mut slot.place, Place::Ended(line.next()));
-        *bytes -= drop_record(&earlier, line);
-        *bytes += record.bytes;
+        let number = line.next();
+        let earlier = std::mem::replace(&mut slot.place, Place::Ended(number));
+        let dropped = drop_record(&earlier, line);
+        let weight = record.bytes;
+        *bytes = *bytes - dropped + weight;
         line.push(record);
+        callers.change(who, line, |caller| {
+            caller.bytes = caller.bytes - dropped + weight;
+            caller.ended.push_back(number);
+        });
         // Closing gaps renumbers the line: the record's number is the back's.
         self.compact_if_sparse();
         Some(self.line.next() - 1)
@@ -542,98 +526,27 @@ impl Shard {
 
     /// Frees `key` if `execution_id` still holds it.
     fn release(&mut self, hash: u64, key: &IdempotencyKey, execution_id: &str) {
-        self.remove_if(hash, |record| {
+        let who = self.callers.who(&key.caller);
+        self.remove_if(hash, who, |record| {
             record.is(key) && record.execution_id() == execution_id.as_bytes()
         });
     }
 
-    /// Drops the record of hash `hash` that `is_it` picks, if there is one, and its bytes.
-    fn remove_if(&mut self, hash: u64, is_it: impl Fn(Shape<'_>) -> bool) {
-        let Shard { index, line, bytes } = self;
+    /// Drops the record of hash `hash` that `is_it` picks, held by `who`, if there is one, and
+    /// its bytes.
+    fn remove_if(&mut self, hash: u64, who: Who<'_>, is_it: impl Fn(Shape<'_>) -> bool) {
+        let Shard {
+            index,
+            line,
+            callers,
+            bytes,
+        } = self;
         if let Ok(entry) = index.find_entry(hash, |slot| picks(slot, hash, line, &is_it)) {
-            *bytes -= drop_record(&entry.remove().0.place, line);
+            let weight = drop_record(&entry.remove().0.place, line);
+            *bytes -= weight;
+            callers.left(who, weight, line);
         }
         self.compact_if_sparse();
-    }
-
-    /// Makes room for a new record of `incoming` bytes (none: room for what is held), evicting
-    /// the oldest ended records, never the one numbered `keep`, then expired ones. `false` if
-    /// it cannot.
-    fn make_room(
-        &mut self,
-        limits: Limits,
-        incoming: usize,
-        keep: Option<u64>,
-        now: Instant,
-    ) -> bool {
-        let new_records = usize::from(incoming > 0);
-        let fits = |shard: &Shard| {
-            shard.index.len() + new_records <= limits.records
-                && shard.bytes + incoming <= limits.bytes
-        };
-        while !fits(self) && keep != Some(self.line.first) {
-            let Some((number, oldest)) = self.line.pop_front() else {
-                break;
-            };
-            if let Some(record) = oldest {
-                if let Ok(slot) = self
-                    .index
-                    .find_entry(record.hash, |slot| is_numbered(slot, number))
-                {
-                    slot.remove();
-                }
-                self.bytes -= record.bytes;
-            }
-        }
-        if !fits(self) {
-            // Only running records remain; drop those that outlived their lease and ttl.
-            self.purge_expired(now);
-        }
-        fits(self)
-    }
-
-    fn purge_expired(&mut self, now: Instant) -> usize {
-        let before = self.index.len();
-        let Shard { index, line, bytes } = self;
-        index.retain(|slot| {
-            let expired = match &slot.place {
-                Place::Running(running) => running.expires_at <= now,
-                Place::Ended(number) => line
-                    .get(*number)
-                    .is_none_or(|record| record.expires_at <= now),
-            };
-            if expired {
-                *bytes -= drop_record(&slot.place, line);
-            }
-            !expired
-        });
-        self.line.trim_gaps();
-        self.compact_if_sparse();
-        before - self.index.len()
-    }
-
-    /// Closes the gaps in the line once they outnumber the records, renumbering those that
-    /// stay (their slots with them).
-    fn compact_if_sparse(&mut self) {
-        if self.line.records.len() <= 2 * self.index.len().max(16) {
-            return;
-        }
-        let sparse = std::mem::take(&mut self.line);
-        let mut line = Line {
-            records: VecDeque::with_capacity(self.index.len()),
-            first: sparse.first,
-        };
-        for (number, record) in (sparse.first..).zip(sparse.records) {
-            let Some(record) = record else { continue };
-            if let Some(slot) = self
-                .index
-                .find_mut(record.hash, |slot| is_numbered(slot, number))
-            {
-                slot.place = Place::Ended(line.next());
-                line.push(record);
-            }
-        }
-        self.line = line;
     }
 }
 
@@ -694,9 +607,9 @@ fn is_numbered(slot: &Slot, number: u64) -> bool {
 /// What a running record takes beyond its texts: its slot, its box, the box's and the texts'
 /// `Arc` headers (counted whole even where shared), and a hash table's control byte and slack.
 const RUNNING: usize = size_of::<Slot>() + size_of::<Running>() + 4 * 16 + 16;
-/// What an ended record takes beyond its texts: its slot, its place in the line, its block's
-/// header, and a hash table's control byte and slack.
-const ENDED: usize = size_of::<Slot>() + size_of::<Option<Ended>>() + 16 + 16;
+/// What an ended record takes beyond its texts: its slot, its place in the line and in its
+/// caller's account, its block's header, and a hash table's control byte and slack.
+const ENDED: usize = size_of::<Slot>() + size_of::<Option<Ended>>() + size_of::<u64>() + 16 + 16;
 
 /// What a record takes in memory, as the bounds count it: `fixed` ([`RUNNING`] or [`ENDED`]),
 /// its caller's id and tool (counted whole even where shared), and its other texts.
@@ -901,6 +814,8 @@ impl IdempotencyStore for MemoryStore {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use bytes::Bytes;
 
     use super::*;
@@ -1016,23 +931,73 @@ mod tests {
             }
             assert_eq!(self.line.records.iter().flatten().count(), ended);
             assert_eq!(self.bytes, bytes);
+            let held = self.index.iter().map(|slot| match &slot.place {
+                Place::Running(running) => (&*running.key.caller, running.bytes, None),
+                Place::Ended(number) => {
+                    let record = self.line.get(*number).expect("checked above");
+                    (&*record.caller, record.bytes, Some(*number))
+                }
+            });
+            self.callers.check(&self.line, held);
             assert!(self.index.len() <= limits.records);
             assert!(self.line.records.len() <= 2 * self.index.len().max(16) + 1);
         }
     }
 
+    impl Shard {
+        /// The key of every record, as (caller, request id).
+        fn keys(&self) -> HashSet<(String, Vec<u8>)> {
+            self.index
+                .iter()
+                .map(|slot| match &slot.place {
+                    Place::Running(running) => (
+                        running.key.caller.to_string(),
+                        running.key.request_id.as_bytes().to_vec(),
+                    ),
+                    Place::Ended(number) => {
+                        let record = self.line.get(*number).expect("a slot's record is in line");
+                        (record.caller.to_string(), record.request_id().to_vec())
+                    }
+                })
+                .collect()
+        }
+
+        /// The keys of the ended records that have not expired.
+        fn live_ended(&self, now: Instant) -> Vec<(String, Vec<u8>)> {
+            self.line
+                .records
+                .iter()
+                .flatten()
+                .filter(|record| record.expires_at > now)
+                .map(|record| (record.caller.to_string(), record.request_id().to_vec()))
+                .collect()
+        }
+
+        /// What `caller` holds: records and bytes.
+        fn holding(&self, caller: &str) -> (usize, usize) {
+            self.callers
+                .get(self.callers.who(caller))
+                .map_or((0, 0), |held| (held.records, held.bytes))
+        }
+    }
+
     /// Reserves, finishes (with an answer or uncertain), releases, lets time pass and purges
-    /// at random over a small shard, as callers, retries, crashes and expiry would: after each
-    /// step the index and the line agree, and no step panics.
+    /// at random over a small shard, as three callers (one of them flooding), retries, crashes
+    /// and expiry would: after each step the index, the line and every caller's account agree,
+    /// no step panics, and a caller that loses a live record to another's call held more than
+    /// its fair share of either bound.
     #[tokio::test(start_paused = true)]
     async fn the_index_and_the_line_agree_through_random_reservations_and_expiries() {
-        let store = MemoryStore::with_limits(48, MIN_SHARD_BYTES);
+        const RECORDS: usize = 48;
+        const BYTES: usize = 48 * 320;
+        let store = MemoryStore::with_limits(RECORDS, BYTES);
         assert_eq!(store.shards.len(), 1);
         let fingerprint = Fingerprint {
             tool: Arc::from("tool"),
             digest: [7; 32],
         };
-        let mut holders: Vec<Option<Arc<str>>> = vec![None; 64];
+        let callers = ["flood", "steady", "rare"];
+        let mut holders: Vec<Option<Arc<str>>> = vec![None; 3 * 64];
         let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
         let mut next = |below: u64| {
             seed = seed
@@ -1040,13 +1005,25 @@ mod tests {
                 .wrapping_add(1_442_695_040_888_963_407);
             (seed >> 33) % below
         };
-        for step in 0..20_000 {
+        let (mut evicted_by_another, mut refused) = (0, 0);
+        for step in 0..30_000 {
+            let caller = [0, 0, 0, 0, 0, 1, 1, 2][next(8) as usize];
             let number = next(64) as usize;
-            let key = IdempotencyKey::new("caller", format!("req-{number}"));
+            let held = caller * 64 + number;
+            let key = IdempotencyKey::new(callers[caller], format!("req-{number}"));
             let seconds = |n| Duration::from_secs(n);
             // Now and then a record kept for an hour holds the front of the line while those
             // behind it expire: gaps build up behind it.
             let ttl = seconds(if next(16) == 0 { 3_600 } else { 1 + next(3) });
+            let before = {
+                let shard = store.lock(0);
+                let holdings = callers.map(|caller| shard.holding(caller));
+                (
+                    shard.live_ended(Instant::now()),
+                    holdings,
+                    shard.callers.len(),
+                )
+            };
             match next(12) {
                 0..=3 => {
                     let execution_id: Arc<str> = Arc::from(format!("exec_{number}_{step}"));
@@ -1057,14 +1034,17 @@ mod tests {
                         seconds(1 + next(4)),
                         ttl,
                     ));
-                    if matches!(reserved, Some(Ok(Reservation::Reserved))) {
-                        holders[number] = Some(execution_id);
+                    match reserved {
+                        Some(Ok(Reservation::Reserved)) => holders[held] = Some(execution_id),
+                        Some(Ok(Reservation::Full)) => refused += 1,
+                        _ => {}
                     }
                 }
                 4..=7 => {
-                    if let Some(execution_id) = holders[number].take() {
+                    if let Some(execution_id) = holders[held].take() {
+                        let padding = "x".repeat(next(400) as usize);
                         let response = StoredResponse {
-                            body: Bytes::from(format!("{{\"n\":{step}}}")),
+                            body: Bytes::from(format!("{{\"n\":{step},\"p\":\"{padding}\"}}")),
                             execution_id,
                             status: ExecutionStatus::Completed,
                             category: None,
@@ -1082,7 +1062,7 @@ mod tests {
                     }
                 }
                 8 => {
-                    if let Some(execution_id) = holders[number].take() {
+                    if let Some(execution_id) = holders[held].take() {
                         let released = store.release(&key, &execution_id);
                         assert!(futures_util::FutureExt::now_or_never(released).is_some());
                     }
@@ -1093,8 +1073,126 @@ mod tests {
                     assert!(futures_util::FutureExt::now_or_never(purged).is_some());
                 }
             }
-            store.lock(0).check(store.limits);
+            let shard = store.lock(0);
+            shard.check(store.limits);
+            let (live, holdings, count) = before;
+            let after = shard.keys();
+            let acting = usize::from(holdings[caller] == (0, 0));
+            for (other, request_id) in live {
+                if other == callers[caller] || after.contains(&(other.clone(), request_id)) {
+                    continue;
+                }
+                evicted_by_another += 1;
+                let index = callers.iter().position(|id| *id == other).unwrap();
+                let (records, bytes) = holdings[index];
+                let share = count + acting;
+                assert!(
+                    records > RECORDS / share || bytes > BYTES / share,
+                    "step {step}: {other} lost a record to {} holding {records} records and \
+                     {bytes} bytes, within its share of {share}",
+                    callers[caller]
+                );
+            }
         }
+        // The bounds were reached both ways.
+        assert!(
+            evicted_by_another > 0 && refused > 0,
+            "{evicted_by_another} {refused}"
+        );
+    }
+
+    /// Reserves `request_id` for `caller` and leaves it running.
+    fn reserve(store: &MemoryStore, caller: &str, request_id: &str) -> Reservation {
+        let key = IdempotencyKey::new(caller, request_id);
+        let fingerprint = Fingerprint {
+            tool: Arc::from("tool"),
+            digest: [7; 32],
+        };
+        let execution_id: Arc<str> = Arc::from(format!("exec_{request_id}"));
+        let ttl = Duration::from_secs(60);
+        let reserved = store.reserve(&key, &fingerprint, &execution_id, ttl, ttl);
+        futures_util::FutureExt::now_or_never(reserved)
+            .expect("the memory store answers at once")
+            .expect("the memory store does not fail")
+    }
+
+    #[tokio::test]
+    async fn a_caller_within_its_share_keeps_its_records_through_anothers_flood() {
+        let store = MemoryStore::with_limits(16, MIN_SHARD_BYTES);
+        record(&store, "kim", "order-1");
+        record(&store, "kim", "order-2");
+        for number in 0..1_000 {
+            record(&store, "ivan", &format!("flood-{number}"));
+        }
+        assert_eq!(store.len(), 16);
+        for request_id in ["order-1", "order-2"] {
+            let execution_id = format!("exec_{request_id}");
+            assert_eq!(
+                replayed(&store, "kim", request_id).as_deref(),
+                Some(&*execution_id)
+            );
+        }
+        // The flood made room with its own oldest records: its newest are kept.
+        assert_eq!(
+            replayed(&store, "ivan", "flood-999").as_deref(),
+            Some("exec_flood-999")
+        );
+        assert_eq!(replayed(&store, "ivan", "flood-0"), None);
+        store.lock(0).check(store.limits);
+    }
+
+    #[tokio::test]
+    async fn a_newcomer_takes_room_from_the_caller_over_its_share() {
+        let store = MemoryStore::with_limits(4, MIN_SHARD_BYTES);
+        for request_id in ["a", "b", "c", "d"] {
+            record(&store, "ivan", request_id);
+        }
+        record(&store, "kim", "order");
+        assert_eq!(store.len(), 4);
+        assert_eq!(
+            replayed(&store, "ivan", "a"),
+            None,
+            "the oldest of the heaviest went"
+        );
+        assert_eq!(
+            replayed(&store, "kim", "order").as_deref(),
+            Some("exec_order")
+        );
+        store.lock(0).check(store.limits);
+    }
+
+    #[tokio::test]
+    async fn running_records_never_go_and_a_caller_at_its_share_of_them_is_refused() {
+        let store = MemoryStore::with_limits(4, MIN_SHARD_BYTES);
+        for request_id in ["a", "b"] {
+            assert!(matches!(
+                reserve(&store, "ivan", request_id),
+                Reservation::Reserved
+            ));
+        }
+        record(&store, "kim", "order-1");
+        record(&store, "kim", "order-2");
+        // Ivan holds his half, all running: he waits for his own to end.
+        assert!(matches!(reserve(&store, "ivan", "c"), Reservation::Full));
+        // Kim, at her share, makes room with her own oldest.
+        record(&store, "kim", "order-3");
+        store.lock(0).check(store.limits);
+        assert_eq!(
+            replayed(&store, "kim", "order-2").as_deref(),
+            Some("exec_order-2")
+        );
+        assert_eq!(replayed(&store, "kim", "order-1"), None);
+
+        // Only running records: nobody gets in.
+        let store = MemoryStore::with_limits(2, MIN_SHARD_BYTES);
+        for request_id in ["a", "b"] {
+            assert!(matches!(
+                reserve(&store, "ivan", request_id),
+                Reservation::Reserved
+            ));
+        }
+        assert!(matches!(reserve(&store, "kim", "order"), Reservation::Full));
+        store.lock(0).check(store.limits);
     }
 
     /// Records removed out of turn (expired, then recorded again) leave gaps in the line of
