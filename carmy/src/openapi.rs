@@ -345,8 +345,10 @@ fn executions_paths(builder: &mut Builder<'_>) {
     );
 
     let mut lookup = json!({ "200": {
-        "description": "The answer exactly as the call gave it once it has ended (a failure \
-                        with its own status), or the running execution with `Retry-After`.",
+        "description": "Once it has ended, the answer's body exactly as the call gave it, \
+                        whatever the outcome: its `status` and `error` say how it ended (the \
+                        replay of its `request_id` keeps the outcome's own status). While it \
+                        runs, the running execution with `Retry-After`.",
         "headers": {
             "Cache-Control": no_store,
             "Retry-After": { "$ref": "#/components/headers/RetryAfter" },
@@ -356,7 +358,7 @@ fn executions_paths(builder: &mut Builder<'_>) {
             { "$ref": "#/components/schemas/RunningExecution" },
         ] } } },
     } });
-    add_errors(&mut lookup, scope, EXECUTION_ERRORS);
+    add_errors(&mut lookup, scope, EXECUTION_READ_ERRORS);
     let mut cancel = json!({ "202": {
         "description": "Cancellation requested: the execution ends `cancelled`.",
         "headers": {
@@ -782,6 +784,8 @@ const SUBSCRIPTION_WRITE_ERRORS: &[u16] = &[400, 406, 413, 429, 503];
 const SUBSCRIPTION_ONE_ERRORS: &[u16] = &[400, 404, 406, 409, 413, 429, 503];
 /// A bad parameter, a budget, the store.
 const EXECUTION_LIST_ERRORS: &[u16] = &[400, 406, 429, 503];
+/// A malformed `Carmy-Version`, no such execution, a budget, the store: never the outcome's.
+const EXECUTION_READ_ERRORS: &[u16] = &[400, 404, 406, 429, 503];
 /// No such execution, one that has ended, a budget, the store.
 const EXECUTION_CANCEL_ERRORS: &[u16] = &[404, 406, 409, 429, 503];
 /// A bad `Last-Event-ID`, no such execution, a budget, the store.

@@ -87,11 +87,32 @@ pub(crate) async fn attached(input: Chatter) -> Result<Said, ToolError> {
     })
 }
 
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(crate) struct Ending {
+    /// `missing`, `refused`, `panicked` or `late`.
+    how: String,
+}
+
+/// Ends as it is told: a tool's own not-found, a conflict, a panic, or past its deadline.
+#[carmy::tool(effect = "write", timeout = "200ms", register = false)]
+pub(crate) async fn ends(input: Ending) -> Result<Said, ToolError> {
+    match input.how.as_str() {
+        "missing" => Err(ToolError::not_found("ORDER_NOT_FOUND", "no such order")),
+        "refused" => Err(ToolError::conflict("OUT_OF_STOCK", "nothing left")),
+        "panicked" => panic!("on purpose"),
+        _ => {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(Said { reports: 0 })
+        }
+    }
+}
+
 pub(crate) fn app(probe: &Probe) -> carmy::App {
     tools::app(probe)
         .tool(chatty::TOOL)
         .tool(detached::TOOL)
         .tool(attached::TOOL)
+        .tool(ends::TOOL)
         .authenticator(Tokens)
 }
 
@@ -290,7 +311,7 @@ async fn delete_cancels_a_running_execution_and_409s_once_it_has_ended() {
         .expect("the tool sees the cancellation within 1 s");
 
     let ended = wait_ended(&router, &location, ALICE).await;
-    assert_eq!(ended.status, StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(ended.status, StatusCode::OK, "the resource exists");
     assert_eq!(ended.json()["status"], "cancelled");
     assert_eq!(ended.json()["error"]["code"], "CANCELLED");
     assert_eq!(ended.json()["execution_id"], json!(id));
@@ -298,6 +319,59 @@ async fn delete_cancels_a_running_execution_and_409s_once_it_has_ended() {
     let again = send(&router, request("DELETE", &location, &[ALICE])).await;
     assert_eq!(again.status, StatusCode::CONFLICT);
     assert_eq!(again.json()["error"]["code"], "EXECUTION_ENDED");
+}
+
+/// A lookup answers `200` whatever the outcome (the resource exists; its body says how the call
+/// ended); a replay of the call keeps the outcome's status.
+#[tokio::test]
+async fn a_lookup_is_200_whatever_the_outcome_and_a_replay_keeps_its_status() {
+    let router = app(&Probe::default()).router().unwrap();
+    for (how, status, code) in [
+        ("missing", StatusCode::NOT_FOUND, "ORDER_NOT_FOUND"),
+        ("refused", StatusCode::CONFLICT, "OUT_OF_STOCK"),
+        ("panicked", StatusCode::INTERNAL_SERVER_ERROR, "TOOL_PANIC"),
+        ("late", StatusCode::GATEWAY_TIMEOUT, "TIMEOUT"),
+    ] {
+        let call = json!({
+            "tool": "ends",
+            "arguments": { "how": how },
+            "request_id": format!("{}-ends-{how}", carmy_tests::run_id()),
+        });
+        let answer = start(&router, &call, &[ALICE]).await;
+        assert_eq!(answer.status, status, "{how}");
+        assert_eq!(answer.json()["error"]["code"], code, "{how}");
+        let location = format!(
+            "/agent/executions/{}",
+            answer.json()["execution_id"].as_str().unwrap()
+        );
+        let lookup = send(&router, request("GET", &location, &[ALICE])).await;
+        assert_eq!(lookup.status, StatusCode::OK, "{how}");
+        assert_eq!(lookup.body, answer.body, "{how}: the answer, byte for byte");
+        assert_eq!(lookup.header("cache-control"), Some("no-store"));
+
+        let replay = start(&router, &call, &[ALICE]).await;
+        if how == "late" {
+            // A non-idempotent write that timed out is uncertain: never replayed, never rerun.
+            assert_eq!(replay.status, StatusCode::CONFLICT);
+            assert_eq!(replay.json()["error"]["code"], "EXECUTION_UNCERTAIN");
+        } else {
+            assert_eq!(replay.status, status, "{how}");
+            assert_eq!(replay.header("carmy-replayed"), Some("true"));
+            assert_eq!(replay.body, answer.body, "{how}");
+        }
+    }
+    // A missing execution is still 404, told apart from a tool's not-found by the status.
+    let missing = send(
+        &router,
+        request(
+            "GET",
+            "/agent/executions/exec_01948000-0000-7000-8000-000000000000",
+            &[ALICE],
+        ),
+    )
+    .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert_eq!(missing.json()["error"]["code"], "EXECUTION_NOT_FOUND");
 }
 
 #[tokio::test]

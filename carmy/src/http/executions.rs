@@ -15,7 +15,6 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::GateLayer;
-use super::error::status_for;
 use super::sse;
 use crate::executions::{
     self, DEFAULT_PAGE, Executions, MAX_PAGE, RETRY_AFTER as RUNNING_RETRY_AFTER,
@@ -92,14 +91,10 @@ async fn lookup(
         .await?
         .ok_or_else(not_found)?;
     Ok(match record.outcome {
-        // The answer exactly as the call gave it.
-        Some(ended) => {
-            let response = ended.response;
-            json_answer(
-                status_for(response.category, response.code.as_deref()),
-                response.body,
-            )
-        }
+        // The answer's body exactly as the call gave it, with `200` whatever the outcome: the
+        // execution exists, and its body says how it ended (a tool's own not-found is not the
+        // execution's `404`).
+        Some(ended) => json_answer(StatusCode::OK, ended.response.body),
         None => running(
             StatusCode::OK,
             executions::running_body(
