@@ -360,7 +360,9 @@ fn executions_paths(builder: &mut Builder<'_>) {
     } });
     add_errors(&mut lookup, scope, EXECUTION_READ_ERRORS);
     let mut cancel = json!({ "202": {
-        "description": "Cancellation requested: the execution ends `cancelled`.",
+        "description": "The cancellation took effect: the execution ended `cancelled` (or \
+                        still ran 5 s later: the request stands). One that ended otherwise, \
+                        even as the request arrived, is `409`.",
         "headers": {
             "Cache-Control": no_store,
             "Retry-After": { "$ref": "#/components/headers/RetryAfter" },

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::app::App;
 use crate::context::{Principal, Requester};
 use crate::error::Error;
-use crate::idempotency::Cancellation;
+use crate::executions::{CANCEL_SETTLES_WITHIN, Cancelled};
 use crate::idempotency::ExecutionStatus;
 use crate::runtime::{self, Answer, Call, Delivery, Outcome, Runtime};
 use crate::settings::Current;
@@ -85,13 +85,14 @@ impl Client {
     }
 
     /// Asks for `principal`'s running execution to be cancelled, as `DELETE` does: `true` when
-    /// it was running, `false` when it has ended or is not theirs.
+    /// the cancellation took effect (it ended cancelled, or still runs a few seconds later),
+    /// `false` when it has ended otherwise or is not theirs.
     pub async fn cancel(&self, principal: &Principal, execution_id: &str) -> bool {
         let executions = self.runtime.executions();
-        matches!(
-            executions.cancel(principal, execution_id).await,
-            Ok(Cancellation::Requested)
-        )
+        let cancelled = executions
+            .cancel_settled(principal, execution_id, CANCEL_SETTLES_WITHIN)
+            .await;
+        matches!(cancelled, Ok(Cancelled::Accepted(_)))
     }
 }
 

@@ -8,7 +8,7 @@ use axum::http::request::Parts;
 use axum::http::{Request, StatusCode};
 use carmy::auth::Authenticator;
 use carmy::idempotency::{IdempotencyStore, PostgresStore, RedisStore};
-use carmy::{Context, JsonSchema, Principal, ToolError, TrustLevel};
+use carmy::{Context, JsonSchema, Principal, State, ToolError, TrustLevel};
 use carmy_tests::{Answer, Server, execute_request, get, parse_sse, send};
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -87,6 +87,27 @@ pub(crate) async fn attached(input: Chatter) -> Result<Said, ToolError> {
     })
 }
 
+/// Opened by the test: [`gated`] ends when it is.
+#[derive(Clone, Default)]
+pub(crate) struct Gate {
+    open: std::sync::Arc<tokio::sync::Notify>,
+}
+
+/// Runs until the test opens its gate.
+#[carmy::tool(effect = "write", register = false)]
+pub(crate) async fn gated(
+    State(probe): State<Probe>,
+    State(gate): State<Gate>,
+) -> Result<Said, ToolError> {
+    let open = gate.open.notified();
+    tokio::pin!(open);
+    open.as_mut().enable();
+    probe.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    probe.started.notify_waiters();
+    open.await;
+    Ok(Said { reports: 0 })
+}
+
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct Ending {
     /// `missing`, `refused`, `panicked` or `late`.
@@ -112,7 +133,9 @@ pub(crate) fn app(probe: &Probe) -> carmy::App {
         .tool(chatty::TOOL)
         .tool(detached::TOOL)
         .tool(attached::TOOL)
+        .tool(gated::TOOL)
         .tool(ends::TOOL)
+        .state(Gate::default())
         .authenticator(Tokens)
 }
 
@@ -319,6 +342,93 @@ async fn delete_cancels_a_running_execution_and_409s_once_it_has_ended() {
     let again = send(&router, request("DELETE", &location, &[ALICE])).await;
     assert_eq!(again.status, StatusCode::CONFLICT);
     assert_eq!(again.json()["error"]["code"], "EXECUTION_ENDED");
+}
+
+/// Starts `gated` for Alice, detached, once its previous runs (`round` of them) have started;
+/// returns its location when the tool waits at its gate.
+async fn gated_execution(router: &axum::Router, probe: &Probe, round: u64) -> String {
+    let call = json!({ "tool": "gated", "arguments": {} });
+    let accepted = start(router, &call, &[ALICE, ASYNC]).await;
+    assert_eq!(
+        accepted.status,
+        StatusCode::ACCEPTED,
+        "{:?}",
+        accepted.json()
+    );
+    tokio::time::timeout(Duration::from_secs(5), probe.wait_runs(round + 1))
+        .await
+        .expect("the tool starts within 5 s");
+    accepted.header("location").unwrap().to_owned()
+}
+
+/// A `DELETE` that arrives as the execution ends: the tool has returned, and the execution has
+/// not yet recorded its end. On this single-threaded runtime nothing else runs between the
+/// gate opening and the store taking the cancellation, every time.
+#[tokio::test]
+async fn a_cancellation_that_arrives_as_the_execution_ends_is_409_never_202() {
+    let probe = Probe::default();
+    let gate = Gate::default();
+    let router = app(&probe).state(gate.clone()).router().unwrap();
+    for round in 0..20 {
+        let location = gated_execution(&router, &probe, round).await;
+        // Even rounds: the tool ends on its next poll, and the DELETE comes first. Odd rounds:
+        // the tool still waits at its gate, and is cancelled.
+        let ending = round % 2 == 0;
+        if ending {
+            gate.open.notify_waiters();
+        }
+        let cancel = send(&router, request("DELETE", &location, &[ALICE])).await;
+        let ended = wait_ended(&router, &location, ALICE).await;
+        let outcome = (cancel.status, ended.json()["status"].clone());
+        if ending {
+            let expected = (StatusCode::CONFLICT, json!("completed"));
+            assert_eq!(outcome, expected, "round {round}: {:?}", cancel.json());
+            assert_eq!(cancel.json()["error"]["code"], "EXECUTION_ENDED");
+        } else {
+            let expected = (StatusCode::ACCEPTED, json!("cancelled"));
+            assert_eq!(outcome, expected, "round {round}: {:?}", cancel.json());
+            assert_eq!(cancel.json()["execution_id"], ended.json()["execution_id"]);
+        }
+    }
+}
+
+/// Two `DELETE`s race the end of the execution on two threads: whatever wins, a `202` is only
+/// ever followed by `cancelled`, a `409` by `completed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_deletes_never_answer_202_for_an_execution_that_completes() {
+    let probe = Probe::default();
+    let gate = Gate::default();
+    let router = app(&probe).state(gate.clone()).router().unwrap();
+    for round in 0..40 {
+        let location = gated_execution(&router, &probe, round).await;
+        let deletes: Vec<_> = (0..2)
+            .map(|_| {
+                let router = router.clone();
+                let location = location.clone();
+                tokio::spawn(
+                    async move { send(&router, request("DELETE", &location, &[ALICE])).await },
+                )
+            })
+            .collect();
+        gate.open.notify_waiters();
+        let mut answers = Vec::new();
+        for delete in deletes {
+            answers.push(delete.await.unwrap().status);
+        }
+        let ended = wait_ended(&router, &location, ALICE).await;
+        let status = ended.json()["status"].as_str().unwrap().to_owned();
+        for answer in &answers {
+            let expected = if status == "cancelled" {
+                [StatusCode::ACCEPTED, StatusCode::CONFLICT].as_slice()
+            } else {
+                [StatusCode::CONFLICT].as_slice()
+            };
+            assert!(
+                expected.contains(answer),
+                "round {round}: DELETE answered {answer}, the execution ended {status}"
+            );
+        }
+    }
 }
 
 /// A lookup answers `200` whatever the outcome (the resource exists; its body says how the call

@@ -19,7 +19,7 @@ use crate::idempotency::{
     IdempotencyStore, StoreError,
 };
 use crate::principal::{Principal, TrustLevel};
-use crate::runtime::{STARTED_EVENT_ID, response};
+use crate::runtime::{ExecutionStatus, STARTED_EVENT_ID, response};
 use crate::tool_error::ToolError;
 use crate::wire::codes;
 
@@ -31,6 +31,9 @@ pub(crate) const MAX_PAGE: usize = 100;
 pub(crate) const DEFAULT_PAGE: usize = 20;
 /// When to look again at a running execution, in the `Retry-After` of its answers.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How long a cancellation waits for the execution to end, to say whether it took effect: the
+/// replica running it hears of it at once, or within a second when an announcement was lost.
+pub(crate) const CANCEL_SETTLES_WITHIN: Duration = Duration::from_secs(5);
 
 /// The executions of one app, read back from its store.
 #[derive(Clone)]
@@ -44,6 +47,17 @@ pub(crate) struct ReplayedEvent {
     pub(crate) id: u64,
     pub(crate) name: &'static str,
     pub(crate) data: String,
+}
+
+/// What asking for a cancellation came to.
+#[derive(Debug)]
+pub(crate) enum Cancelled {
+    /// No execution of this caller has that id.
+    NotFound,
+    /// It had ended, or it ended otherwise before the cancellation could take effect.
+    Ended,
+    /// It ended cancelled; or it still ran when the wait was over, and the request stands.
+    Accepted(ExecutionRecord),
 }
 
 /// A page of a caller's executions.
@@ -99,6 +113,48 @@ impl Executions {
             .cancel_execution(&caller, execution_id)
             .await
             .map_err(|error| unavailable(&error))
+    }
+
+    /// Asks for the caller's running execution to be cancelled, then waits, up to `within`, for
+    /// it to end: a tool that returned as the request arrived ends `completed`, and the
+    /// cancellation did not take effect.
+    pub(crate) async fn cancel_settled(
+        &self,
+        principal: &Principal,
+        execution_id: &str,
+        within: Duration,
+    ) -> Result<Cancelled, ToolError> {
+        match self.cancel(principal, execution_id).await? {
+            Cancellation::NotFound => return Ok(Cancelled::NotFound),
+            Cancellation::Ended => return Ok(Cancelled::Ended),
+            Cancellation::Requested => {}
+        }
+        let Some(caller) = self.owner(principal) else {
+            return Ok(Cancelled::NotFound);
+        };
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            // Watch before reading: an end after the read is not missed.
+            let changed = self.store.execution_changed(execution_id);
+            let record = self
+                .store
+                .execution(&caller, execution_id)
+                .await
+                .map_err(|error| unavailable(&error))?;
+            let Some(record) = record else {
+                return Ok(Cancelled::NotFound);
+            };
+            match record.state() {
+                ExecutionState::Ended(ExecutionStatus::Cancelled) => {
+                    return Ok(Cancelled::Accepted(record));
+                }
+                ExecutionState::Ended(_) => return Ok(Cancelled::Ended),
+                ExecutionState::Running => {}
+            }
+            if tokio::time::timeout_at(until, changed).await.is_err() {
+                return Ok(Cancelled::Accepted(record));
+            }
+        }
     }
 
     /// A page of the caller's executions, newest first. `query.limit` is the page size.

@@ -17,9 +17,10 @@ use serde_json::json;
 use super::GateLayer;
 use super::sse;
 use crate::executions::{
-    self, DEFAULT_PAGE, Executions, MAX_PAGE, RETRY_AFTER as RUNNING_RETRY_AFTER,
+    self, CANCEL_SETTLES_WITHIN, Cancelled, DEFAULT_PAGE, Executions, MAX_PAGE,
+    RETRY_AFTER as RUNNING_RETRY_AFTER,
 };
-use crate::idempotency::{Cancellation, ExecutionQuery, ExecutionState};
+use crate::idempotency::{ExecutionQuery, ExecutionState};
 use crate::settings::Admitted;
 use crate::tool_error::{ToolError, clip, retry_after_secs};
 use crate::wire::paths;
@@ -106,6 +107,9 @@ async fn lookup(
     })
 }
 
+/// `202` only when the cancellation takes effect (the execution ends `cancelled`, or still
+/// runs after [`CANCEL_SETTLES_WITHIN`]: the request stands); `409` when the execution ended
+/// otherwise, even as the request arrived.
 async fn cancel(
     State(state): State<ExecutionsState>,
     path: Result<Path<String>, PathRejection>,
@@ -113,25 +117,22 @@ async fn cancel(
 ) -> Result<Response, ToolError> {
     let execution_id = execution_id(path)?;
     let principal = Admitted::caller_or_anonymous(request.extensions());
-    match state.executions.cancel(&principal, &execution_id).await? {
-        Cancellation::NotFound => Err(not_found()),
-        Cancellation::Ended => Err(ToolError::conflict(
+    let cancelled = state
+        .executions
+        .cancel_settled(&principal, &execution_id, CANCEL_SETTLES_WITHIN)
+        .await?;
+    match cancelled {
+        Cancelled::NotFound => Err(not_found()),
+        Cancelled::Ended => Err(ToolError::conflict(
             codes::EXECUTION_ENDED,
             "the execution has ended; there is nothing to cancel",
         )
         .details(json!({ "execution_id": clip(&execution_id) }))
         .recoverable(false)),
-        Cancellation::Requested => {
-            let record = state
-                .executions
-                .lookup(&principal, &execution_id)
-                .await?
-                .ok_or_else(not_found)?;
-            Ok(running(
-                StatusCode::ACCEPTED,
-                executions::running_body(&record.execution_id, &record.tool, None),
-            ))
-        }
+        Cancelled::Accepted(record) => Ok(running(
+            StatusCode::ACCEPTED,
+            executions::running_body(&record.execution_id, &record.tool, None),
+        )),
     }
 }
 
