@@ -148,6 +148,15 @@ impl App {
         self
     }
 
+    /// How many executions one caller (a principal id; anonymous callers are one caller) may
+    /// run at once before its calls are refused with a retryable `503 OVERLOADED`, while other
+    /// callers are still served (default: half of [`App::max_in_flight`], at least one).
+    /// `max_in_flight` or more lets one caller take every slot.
+    pub fn max_in_flight_per_caller(mut self, executions: usize) -> Self {
+        self.settings.max_in_flight_per_caller = Some(executions);
+        self
+    }
+
     /// Where idempotency records live (default: a [`MemoryStore`] of 100,000 records).
     pub fn idempotency_store(mut self, store: impl IdempotencyStore) -> Self {
         self.store = Some(Arc::new(store));

@@ -8,6 +8,7 @@ use carmy::Principal;
 use carmy_tests::{Answer, execute, execute_request, send};
 use serde_json::{Value, json};
 
+use crate::executions::{self, ALICE, ASYNC, BOB};
 use crate::tools::{self, Probe};
 
 fn router(probe: &Probe) -> axum::Router {
@@ -578,6 +579,60 @@ async fn too_many_executions_in_flight_is_503_overloaded() {
     .await;
     assert_execution(&answer, StatusCode::OK, "completed");
     assert!(answer.header("carmy-replayed").is_none());
+}
+
+/// One caller may hold half the in-flight slots: past it, its calls are refused with a
+/// retryable `503 OVERLOADED` while the other callers' calls are still served.
+#[tokio::test]
+async fn one_caller_cannot_take_every_in_flight_slot() {
+    let probe = Probe::default();
+    let router = executions::app(&probe).max_in_flight(4).router().unwrap();
+    let slow = json!({ "tool": "slow_read", "arguments": { "millis": 1_500 } });
+    // A synchronous call and async ones, all Bob's, all running.
+    let waiting = tokio::spawn({
+        let router = router.clone();
+        let slow = slow.clone();
+        async move { executions::start(&router, &slow, &[BOB]).await }
+    });
+    probe.wait_runs(1).await;
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let answer = executions::start(&router, &slow, &[BOB, ASYNC]).await;
+        if answer.status == StatusCode::SERVICE_UNAVAILABLE {
+            let body = answer.json();
+            assert_eq!(body["error"]["code"], "OVERLOADED");
+            assert_eq!(body["error"]["retryable"], true);
+            assert_eq!(answer.header("retry-after"), Some("1"));
+        }
+        statuses.push(answer.status.as_u16());
+    }
+    assert_eq!(statuses, [202, 503, 503, 503, 503], "Bob holds his half");
+    let quick = json!({ "tool": "echo", "arguments": { "text": "x" } });
+    let refused = executions::start(&router, &quick, &[BOB]).await;
+    assert_execution(&refused, StatusCode::SERVICE_UNAVAILABLE, "failed");
+
+    // Alice and an anonymous caller are served.
+    let served = executions::start(&router, &quick, &[ALICE]).await;
+    assert_execution(&served, StatusCode::OK, "completed");
+    let served = executions::start(&router, &quick, &[]).await;
+    assert_execution(&served, StatusCode::OK, "completed");
+    assert_execution(&waiting.await.unwrap(), StatusCode::OK, "completed");
+
+    // A share of every slot lets one caller take them all.
+    let probe = Probe::default();
+    let router = executions::app(&probe)
+        .max_in_flight(4)
+        .max_in_flight_per_caller(4)
+        .router()
+        .unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let answer = executions::start(&router, &slow, &[BOB, ASYNC]).await;
+        statuses.push(answer.status.as_u16());
+    }
+    assert_eq!(statuses, [202, 202, 202, 202, 503]);
+    let refused = executions::start(&router, &quick, &[ALICE]).await;
+    assert_execution(&refused, StatusCode::SERVICE_UNAVAILABLE, "failed");
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@
 //! panics → serialize → record → answer.
 
 mod fingerprint;
+mod in_flight;
 mod repeated;
 pub(crate) mod response;
 mod status;
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
@@ -42,6 +43,7 @@ use crate::telemetry::{self, Active, Metrics};
 use crate::tool::{CallFuture, Confirmation, Invocation, Mode, ToolDescriptor};
 use crate::tool_error::{Category, ToolError, clip};
 use crate::wire::codes;
+use in_flight::{InFlight, Slot};
 use repeated::Repeated;
 use response::NextAction;
 pub use status::ExecutionStatus;
@@ -51,6 +53,8 @@ pub use status::ExecutionStatus;
 pub(crate) struct Settings {
     pub(crate) default_timeout: Duration,
     pub(crate) max_in_flight: usize,
+    /// The most executions one caller may run at once; `None`: half of `max_in_flight`.
+    pub(crate) max_in_flight_per_caller: Option<usize>,
     pub(crate) record_ttl: Duration,
     /// Whether executions are counted for `/metrics`.
     pub(crate) metrics: bool,
@@ -61,6 +65,7 @@ impl Default for Settings {
         Settings {
             default_timeout: Duration::from_secs(30),
             max_in_flight: 1_024,
+            max_in_flight_per_caller: None,
             record_ttl: Duration::from_secs(24 * 60 * 60),
             metrics: false,
         }
@@ -157,7 +162,7 @@ pub(crate) struct Runtime {
     states: Arc<StateMap>,
     store: Arc<dyn IdempotencyStore>,
     settings: Settings,
-    in_flight: Arc<Semaphore>,
+    in_flight: Arc<InFlight>,
     /// One lock per tool declared `parallel_safe = false`.
     serial: HashMap<&'static str, Arc<Mutex<()>>>,
     /// Fired to cancel every execution (the end of a graceful shutdown).
@@ -293,7 +298,12 @@ impl Runtime {
         Runtime {
             states: Arc::new(states),
             store,
-            in_flight: Arc::new(Semaphore::new(settings.max_in_flight)),
+            in_flight: Arc::new(InFlight::new(
+                settings.max_in_flight,
+                settings
+                    .max_in_flight_per_caller
+                    .unwrap_or(settings.max_in_flight / 2),
+            )),
             settings,
             serial,
             shutdown: CancellationToken::new(),
@@ -543,7 +553,7 @@ impl Runtime {
                 }
             }
         }
-        let permit = self.admit(&prepared, None).instrument(span.clone()).await?;
+        let slot = self.admit(&prepared, None).instrument(span.clone()).await?;
         let accepted = Accepted {
             execution_id: prepared.execution_id.clone(),
             tool: prepared.tool.name,
@@ -552,7 +562,7 @@ impl Runtime {
         self.tasks.spawn(
             async move {
                 let tool = prepared.tool.name;
-                let outcome = runtime.perform(&prepared, permit, &cancel, None).await;
+                let outcome = runtime.perform(&prepared, slot, &cancel, None).await;
                 let elapsed = started.elapsed();
                 record_span(&tracing::Span::current(), &outcome, elapsed);
                 count_answer(runtime.metrics.as_deref(), Some(tool), &outcome, elapsed);
@@ -720,11 +730,11 @@ impl Runtime {
                     }
                 }
             }
-            let permit = match self.admit(&prepared, events.as_ref()).await {
-                Ok(permit) => permit,
+            let slot = match self.admit(&prepared, events.as_ref()).await {
+                Ok(slot) => slot,
                 Err(outcome) => return outcome,
             };
-            self.perform(&prepared, permit, &cancel, events.as_ref())
+            self.perform(&prepared, slot, &cancel, events.as_ref())
                 .await
         }
     }
@@ -735,8 +745,8 @@ impl Runtime {
         &self,
         prepared: &Prepared,
         events: Option<&EventSender>,
-    ) -> Result<OwnedSemaphorePermit, Outcome> {
-        let Some(permit) = self.slot() else {
+    ) -> Result<Slot, Outcome> {
+        let Some(slot) = self.slot(&prepared.principal) else {
             if let Some((key, _)) = &prepared.idempotency {
                 self.release(prepared, key).await;
             }
@@ -760,15 +770,16 @@ impl Runtime {
                 return Err(self.store_failed(prepared, &store_error, events));
             }
         }
-        Ok(permit)
+        Ok(slot)
     }
 
-    /// An in-flight slot, if one is free.
-    fn slot(&self) -> Option<OwnedSemaphorePermit> {
-        Arc::clone(&self.in_flight).try_acquire_owned().ok()
+    /// An in-flight slot for `principal`, if one is free and the caller holds less than its
+    /// share.
+    fn slot(&self, principal: &Principal) -> Option<Slot> {
+        self.in_flight.take(principal)
     }
 
-    /// The answer when every in-flight slot is taken.
+    /// The answer when every in-flight slot is taken, or the caller's share of them.
     fn overloaded(&self, prepared: &Prepared, events: Option<&EventSender>) -> Outcome {
         let error = ToolError::capacity(codes::OVERLOADED, "too many executions in flight")
             .retryable(Duration::from_secs(1));
@@ -786,7 +797,7 @@ impl Runtime {
         cancel: Option<CancellationToken>,
         events: Option<EventSender>,
     ) -> Result<Outcome, Pin<Box<dyn Future<Output = Outcome> + Send>>> {
-        let Some(permit) = self.slot() else {
+        let Some(slot) = self.slot(&prepared.principal) else {
             return Ok(self.overloaded(&prepared, events.as_ref()));
         };
         emit_started(events.as_ref(), &prepared.execution_id, prepared.tool.name);
@@ -798,7 +809,7 @@ impl Runtime {
         {
             // The tool's future first: the guard then sees whether anything else kept the
             // context.
-            drop((call, cancel_on_exit, running, permit));
+            drop((call, cancel_on_exit, running, slot));
             return Ok(self.outcome_of(&prepared, ran(ended), events.as_ref()).0);
         }
         // The gauge borrows the runtime: the future takes a count of its own.
@@ -810,7 +821,7 @@ impl Runtime {
             let ran = runtime
                 .interruptible(work, cancel.as_ref(), prepared.deadline)
                 .await;
-            drop((cancel_on_exit, running, permit));
+            drop((cancel_on_exit, running, slot));
             runtime.outcome_of(&prepared, ran, events.as_ref()).0
         }))
     }
@@ -819,7 +830,7 @@ impl Runtime {
     async fn perform(
         &self,
         prepared: &Prepared,
-        _permit: OwnedSemaphorePermit,
+        _slot: Slot,
         cancel: &CancellationToken,
         events: Option<&EventSender>,
     ) -> Outcome {
