@@ -3,6 +3,7 @@
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use carmy::auth::{TokenAuthenticator, hash_token};
 use carmy::{JsonSchema, Principal, ToolError, TrustLevel};
 use carmy_tests::{Answer, execute, execute_request, send};
 use serde::{Deserialize, Serialize};
@@ -170,6 +171,144 @@ async fn several_origins_are_refused() {
     }
     let answer = send(&router, preflight.body(Body::empty()).unwrap()).await;
     assert_eq!(answer.header("access-control-allow-origin"), None);
+}
+
+const KNOWN_TOKEN: &str = "known-token";
+const INTERNAL_TOKEN: &str = "internal-token";
+
+/// The test tools behind the configuration's tokens (the gate's own check) or the builder's
+/// authenticator (a host's), each knowing a `known` and an `internal` caller.
+fn token_routers() -> Vec<axum::Router> {
+    let config = carmy::Config::parse(
+        &format!(
+            "[[tokens]]\nid = \"agent\"\ntrust = \"known\"\nhash = \"{}\"\n\n\
+             [[tokens]]\nid = \"ops\"\ntrust = \"internal\"\nhash = \"{}\"\n",
+            hash_token(KNOWN_TOKEN),
+            hash_token(INTERNAL_TOKEN)
+        ),
+        |_| None,
+    )
+    .unwrap();
+    let authenticator = TokenAuthenticator::new()
+        .token(
+            &hash_token(KNOWN_TOKEN),
+            Principal::new("agent", TrustLevel::Known),
+        )
+        .unwrap()
+        .token(
+            &hash_token(INTERNAL_TOKEN),
+            Principal::new("ops", TrustLevel::Internal),
+        )
+        .unwrap();
+    vec![
+        app(&Probe::default()).config(config).router().unwrap(),
+        app(&Probe::default())
+            .authenticator(authenticator)
+            .router()
+            .unwrap(),
+    ]
+}
+
+/// A stateless MCP `tools/call` of `echo_internal`, with `headers`.
+fn mcp_call(headers: &[(&str, &str)]) -> Request<Body> {
+    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "echo_internal",
+        "arguments": { "text": "a" },
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+        },
+    } });
+    let mut request = Request::post("/mcp")
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "echo_internal");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(Body::from(body.to_string())).unwrap()
+}
+
+/// Two `Authorization` headers, or two `Carmy-Version`s, are refused whichever comes first
+/// (over carmy/1 and, in JSON-RPC's shape, over MCP) before the caller is decided: the first
+/// one never wins. One of each is served as before.
+#[tokio::test]
+async fn several_authorizations_or_versions_are_refused_in_either_order() {
+    let known = format!("Bearer {KNOWN_TOKEN}");
+    let internal = format!("Bearer {INTERNAL_TOKEN}");
+    let call = json!({ "tool": "echo_internal", "arguments": { "text": "a" } });
+    for router in token_routers() {
+        // Alone, each token is its caller: the internal tool is hidden from the known one.
+        let answer = send(
+            &router,
+            execute_request(&call, &[("authorization", &known)]),
+        )
+        .await;
+        assert_eq!(
+            error_of(&answer, StatusCode::NOT_FOUND)["code"],
+            "TOOL_NOT_FOUND"
+        );
+        let answer = send(
+            &router,
+            execute_request(&call, &[("authorization", &internal)]),
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::OK);
+        let mcp = send(&router, mcp_call(&[("authorization", &internal)])).await;
+        assert_eq!(mcp.status, StatusCode::OK);
+        assert_eq!(
+            mcp.json()["result"]["isError"],
+            json!(false),
+            "{}",
+            mcp.json()
+        );
+
+        let authorizations = [
+            [
+                ("authorization", known.as_str()),
+                ("authorization", internal.as_str()),
+            ],
+            [
+                ("authorization", internal.as_str()),
+                ("authorization", known.as_str()),
+            ],
+            [
+                ("authorization", internal.as_str()),
+                ("authorization", internal.as_str()),
+            ],
+        ];
+        let versions = [
+            [("carmy-version", "1"), ("carmy-version", "2")],
+            [("carmy-version", "2"), ("carmy-version", "1")],
+            [("carmy-version", "1.0"), ("carmy-version", "1.0")],
+        ];
+        for (headers, reason) in authorizations
+            .iter()
+            .map(|pair| (pair, "the request has more than one Authorization"))
+            .chain(
+                versions
+                    .iter()
+                    .map(|pair| (pair, "the request has more than one Carmy-Version")),
+            )
+        {
+            let answer = send(&router, execute_request(&call, headers)).await;
+            let error = error_of(&answer, StatusCode::BAD_REQUEST);
+            assert_eq!(error["code"], "INVALID_REQUEST", "{headers:?}");
+            assert_eq!(error["details"]["reason"], reason, "{headers:?}");
+            assert_eq!(answer.header("carmy-version"), Some("1.0"));
+
+            let answer = send(&router, mcp_call(headers)).await;
+            assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{headers:?}");
+            let body = answer.json();
+            assert_eq!(body["jsonrpc"], "2.0");
+            assert_eq!(body["error"]["code"], -32600, "{body}");
+            assert_eq!(body["error"]["data"]["code"], "INVALID_REQUEST", "{body}");
+            assert_eq!(body["error"]["data"]["details"]["reason"], reason, "{body}");
+        }
+    }
 }
 
 fn mcp_list(origin: &str) -> Request<Body> {

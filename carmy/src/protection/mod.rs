@@ -1,6 +1,7 @@
 //! What every request passes before a route sees it, in this order: the protocol version
 //! (`Carmy-Version`), the caller's identity, then the caller's rate limit. A bad version costs
-//! no budget; a bad credential is refused before it can spend anyone's.
+//! no budget; a bad credential is refused before it can spend anyone's. A header these read may
+//! be sent once only.
 
 mod rate_limit;
 #[cfg(feature = "redis")]
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request};
 use axum::http::header::Entry;
-use axum::http::header::ORIGIN;
+use axum::http::header::{AUTHORIZATION, ORIGIN};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
@@ -119,14 +120,16 @@ impl Protection {
         arrived: Instant,
     ) -> Result<Principal, ToolError> {
         if present.has(Known::CarmyVersion) {
+            once(&parts.headers, &CARMY_VERSION, "Carmy-Version")?;
             check_version(&parts.headers)?;
         }
-        if present.has(Known::Origin) && parts.headers.get_all(ORIGIN).iter().nth(1).is_some() {
-            return Err(ToolError::invalid_request(
-                "the request has more than one Origin",
-            ));
+        if present.has(Known::Origin) {
+            once(&parts.headers, &ORIGIN, "Origin")?;
         }
         let authorized = present.has(Known::Authorization);
+        if authorized {
+            once(&parts.headers, &AUTHORIZATION, "Authorization")?;
+        }
         let principal = auth::principal_of(parts, self.authentication.as_ref(), authorized).await?;
         // Probes (`/agent/health…`) and scrapes spend no budget: an orchestrator polls them all
         // day. Nor do the console's files: the same bytes for everyone, from memory.
@@ -277,6 +280,18 @@ impl AnswerHeaders {
             self.plain.clone()
         }
     }
+}
+
+/// A header that a request carries, refused when it carries it more than once: which of two
+/// would count is not for carmy to guess (two credentials, two versions, two origins), and a
+/// component in front that read the other would see another request.
+fn once(headers: &HeaderMap, name: &HeaderName, shown: &str) -> Result<(), ToolError> {
+    if headers.get_all(name).iter().nth(1).is_some() {
+        return Err(ToolError::invalid_request(format!(
+            "the request has more than one {shown}"
+        )));
+    }
+    Ok(())
 }
 
 /// `Carmy-Version` is optional; when present it is `1` or `1.<minor>`.
