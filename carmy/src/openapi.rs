@@ -291,8 +291,9 @@ fn tool_paths(builder: &mut Builder<'_>) {
                 { "$ref": "#/components/parameters/Prefer" },
             ],
             "requestBody": {
-                // An empty body is `{}`: the body is required exactly when `{}` is refused.
-                "required": !accepts_empty(tool),
+                // Required: a call without `Content-Type: application/json` is refused, and
+                // one with it has a body (an empty one is `{}`, not documented).
+                "required": true,
                 "content": { "application/json": { "schema": input } },
             },
             "responses": responses,
@@ -741,7 +742,7 @@ const ERROR_STATUSES: &[(u16, &str)] = &[
     (401, "The credentials are not valid (`UNAUTHENTICATED`)."),
     (
         403,
-        "The caller may not run this call (`PERMISSION_DENIED`, `CONFIRMATION_REQUIRED`).",
+        "The caller may not run this call (`PERMISSION_DENIED`, `CONFIRMATION_REQUIRED`), or a browser sent it from an origin not allowed (`ORIGIN_NOT_ALLOWED`).",
     ),
     (
         404,
@@ -779,17 +780,18 @@ const ERROR_STATUSES: &[(u16, &str)] = &[
 const DOCUMENT_ERRORS: &[u16] = &[400, 406, 429, 503];
 /// Probes spend no rate-limit budget.
 const PROBE_ERRORS: &[u16] = &[400, 406];
-/// A body (it must be empty), a refused file (`409`), a budget.
-const ADMIN_ERRORS: &[u16] = &[400, 406, 409, 429];
+/// A body (it must be empty), a browser's foreign origin, a refused file (`409`), a budget.
+const ADMIN_ERRORS: &[u16] = &[400, 403, 406, 409, 429];
 const SUBSCRIPTION_READ_ERRORS: &[u16] = &[400, 406, 429, 503];
-const SUBSCRIPTION_WRITE_ERRORS: &[u16] = &[400, 406, 413, 429, 503];
-const SUBSCRIPTION_ONE_ERRORS: &[u16] = &[400, 404, 406, 409, 413, 429, 503];
+const SUBSCRIPTION_WRITE_ERRORS: &[u16] = &[400, 403, 406, 413, 429, 503];
+const SUBSCRIPTION_ONE_ERRORS: &[u16] = &[400, 403, 404, 406, 409, 413, 429, 503];
 /// A bad parameter, a budget, the store.
 const EXECUTION_LIST_ERRORS: &[u16] = &[400, 406, 429, 503];
 /// A malformed `Carmy-Version`, no such execution, a budget, the store: never the outcome's.
 const EXECUTION_READ_ERRORS: &[u16] = &[400, 404, 406, 429, 503];
-/// No such execution, one that has ended, a budget, the store.
-const EXECUTION_CANCEL_ERRORS: &[u16] = &[404, 406, 409, 429, 503];
+/// A duplicated header, a browser's foreign origin, no such execution, one that has ended, a
+/// budget, the store.
+const EXECUTION_CANCEL_ERRORS: &[u16] = &[400, 403, 404, 406, 409, 429, 503];
 /// A bad `Last-Event-ID`, no such execution, a budget, the store.
 const EXECUTION_EVENTS_ERRORS: &[u16] = &[400, 404, 406, 429, 503];
 const EXECUTION_ERRORS: &[u16] = &[400, 403, 404, 406, 408, 409, 413, 429, 500, 503, 504];
@@ -886,7 +888,7 @@ fn common_parameters() -> Value {
 
 // Schemas
 
-/// Whether the tool accepts `{}`, what an empty body and absent `arguments` mean.
+/// Whether the tool accepts `{}`, what absent `arguments` mean.
 fn accepts_empty(tool: &CatalogTool) -> bool {
     tool.validator()
         .is_ok_and(|validator| validator.is_valid(&json!({})))

@@ -36,7 +36,7 @@ pub(crate) mod codes {
     pub(crate) const EXECUTION_ENDED: &str = "EXECUTION_ENDED";
     #[cfg(feature = "redis")]
     pub(crate) const RATE_LIMITER_UNAVAILABLE: &str = "RATE_LIMITER_UNAVAILABLE";
-    #[cfg(feature = "mcp")]
+    /// A request that runs something or changes state, sent from a page of another origin.
     pub(crate) const ORIGIN_NOT_ALLOWED: &str = "ORIGIN_NOT_ALLOWED";
     /// An MCP `initialize` over the caller's or the server's cap on open sessions.
     #[cfg(feature = "mcp")]

@@ -36,19 +36,18 @@ async fn openapi_as(router: &Router, authorization: Option<&str>) -> Value {
     answer.json()
 }
 
-/// `POST /agent/tools/{tool}` with `body` (none when `None`) and extra headers.
+/// `POST /agent/tools/{tool}`, declared JSON, with `body` (an empty one when `None`) and extra
+/// headers.
 fn tool_request(tool: &str, body: Option<&Value>, headers: &[(&str, &str)]) -> Request<Body> {
     let mut request = Request::post(format!("/agent/tools/{tool}"));
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
-    match body {
-        Some(body) => request
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string())),
-        None => request.body(Body::empty()),
-    }
-    .unwrap()
+    let body = body.map_or_else(Body::empty, |body| Body::from(body.to_string()));
+    request
+        .header("content-type", "application/json")
+        .body(body)
+        .unwrap()
 }
 
 /// The answer's JSON without its `execution_id`, which differs between two executions.
@@ -390,7 +389,7 @@ async fn the_tool_route_answers_like_execute_on_success() {
     expected["data"]["order_id"] = json!(2);
     assert_eq!(without_execution_id(&tool), expected);
 
-    // An empty body is `{}`, as execute's absent `arguments` is.
+    // An empty body declared JSON is `{}`, as execute's absent `arguments` is.
     let execute = send(
         &router,
         execute_request(&json!({ "tool": "list_products" }), &[]),
@@ -473,6 +472,14 @@ async fn the_tool_route_refuses_what_execute_refuses() {
             .header("content-type", "text/plain")
             .body(Body::from("{}"))
             .unwrap(),
+        // Empty, and not declared as JSON: a form or a `no-cors` fetch could send it.
+        Request::post("/agent/tools/list_products")
+            .body(Body::empty())
+            .unwrap(),
+        Request::post("/agent/tools/list_products")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Body::empty())
+            .unwrap(),
         // A request id that is not printable ASCII.
         tool_request(
             "list_products",
@@ -481,6 +488,7 @@ async fn the_tool_route_refuses_what_execute_refuses() {
         ),
         // Two different request ids.
         Request::post("/agent/tools/list_products")
+            .header("content-type", "application/json")
             .header("idempotency-key", "a")
             .header("idempotency-key", "b")
             .body(Body::empty())

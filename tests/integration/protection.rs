@@ -453,8 +453,15 @@ async fn a_request_with_two_origins_is_refused_and_runs_nothing() {
         }
         assert_eq!(probe.runs(), 0, "a refused request ran the tool");
 
-        // The one request the budget allows is still there, and one Origin is served.
-        let single = execute_request(&counted, &[("origin", "https://app.example.com")]);
+        // The one request the budget allows is still there, and one Origin is served: an
+        // allowed one, or (with CORS off) the server's own.
+        let single = execute_request(
+            &counted,
+            &[
+                ("origin", "https://app.example.com"),
+                ("host", "app.example.com"),
+            ],
+        );
         let served = send(&router, from_peer(single, [10, 0, 0, 7])).await;
         assert_eq!(served.status, StatusCode::OK, "cors {cors}");
         assert_eq!(probe.runs(), 1);

@@ -1,10 +1,12 @@
 //! Requests (issue 10): duplicated headers are refused, CORS covers `/mcp` with one origin list,
 //! an unknown tool gets "did you mean", and `enum`/`oneOf` failures name the allowed values.
 
+use std::sync::atomic::Ordering;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use carmy::auth::{TokenAuthenticator, hash_token};
-use carmy::{JsonSchema, Principal, ToolError, TrustLevel};
+use carmy::{JsonSchema, Principal, State, ToolError, TrustLevel};
 use carmy_tests::{Answer, execute, execute_request, send};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -309,6 +311,273 @@ async fn several_authorizations_or_versions_are_refused_in_either_order() {
             assert_eq!(body["error"]["data"]["details"]["reason"], reason, "{body}");
         }
     }
+}
+
+/// Counts its calls; it takes no arguments, so that an empty body could call it.
+#[carmy::tool(effect = "write", register = false)]
+async fn tally(State(probe): State<Probe>) -> Result<Text, ToolError> {
+    let run = probe.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    Ok(Text {
+        text: run.to_string(),
+    })
+}
+
+/// The server's address as the tests' requests name it in `Host`.
+const HOST: &str = "shop.example:8080";
+/// A page of another site.
+const EVIL: &str = "https://evil.example";
+/// The origin the configuration allows.
+const ALLOWED: &str = "https://app.example.com";
+
+/// The test tools and `tally`, with the tokens, events (for the subscription routes) and one
+/// allowed origin.
+fn origin_app(probe: &Probe) -> axum::Router {
+    let config = carmy::Config::parse(
+        &format!(
+            "[cors]\nallowed_origins = [\"{ALLOWED}\"]\n\n\
+             [[tokens]]\nid = \"ops\"\ntrust = \"internal\"\nhash = \"{}\"\n\n\
+             [events]\nallow_http = true\nallow_networks = [\"127.0.0.0/8\"]\n",
+            hash_token(INTERNAL_TOKEN)
+        ),
+        |_| None,
+    )
+    .unwrap();
+    app(probe)
+        .tool(tally::TOOL)
+        .config(config)
+        .router()
+        .unwrap()
+}
+
+/// What a page can make a browser send without a preflight: `Origin`, and a body of a
+/// CORS-safelisted type (or none). The internal token stands for a credential the browser
+/// would add by itself (a host's cookie-based authenticator).
+fn simple_request(
+    method: &str,
+    path: &str,
+    origin: Option<&str>,
+    content_type: Option<&str>,
+    body: &str,
+) -> Request<Body> {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", HOST)
+        .header("authorization", format!("Bearer {INTERNAL_TOKEN}"));
+    if let Some(origin) = origin {
+        request = request.header("origin", origin);
+    }
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
+    request.body(Body::from(body.to_owned())).unwrap()
+}
+
+/// Every route that runs something or changes state, with the bodies a page can send to it.
+fn state_changing_requests() -> Vec<(&'static str, String, Option<&'static str>, &'static str)> {
+    let call = r#"{"tool":"tally"}"#;
+    let subscription = r#"{"url":"http://127.0.0.1:9/hook","event_types":["tools.changed"]}"#;
+    let one = "/agent/events/subscriptions/sub_0";
+    let mut requests = vec![
+        (
+            "POST",
+            "/agent/execute".to_owned(),
+            Some("text/plain"),
+            call,
+        ),
+        (
+            "POST",
+            "/agent/execute".to_owned(),
+            Some("application/json"),
+            call,
+        ),
+        (
+            "POST",
+            "/agent/tools/tally".to_owned(),
+            Some("text/plain"),
+            "{}",
+        ),
+        (
+            "POST",
+            "/agent/tools/tally".to_owned(),
+            Some("text/plain"),
+            "",
+        ),
+        (
+            "POST",
+            "/agent/tools/tally".to_owned(),
+            Some("application/x-www-form-urlencoded"),
+            "a=b",
+        ),
+        (
+            "POST",
+            "/agent/tools/tally".to_owned(),
+            Some("multipart/form-data; boundary=x"),
+            "",
+        ),
+        ("POST", "/agent/tools/tally".to_owned(), None, ""),
+        (
+            "POST",
+            "/agent/tools/tally".to_owned(),
+            Some("application/json"),
+            "{}",
+        ),
+        ("DELETE", "/agent/executions/exec_x".to_owned(), None, ""),
+        ("POST", "/agent/admin/reload".to_owned(), None, ""),
+        (
+            "POST",
+            "/agent/events/subscriptions".to_owned(),
+            Some("text/plain"),
+            subscription,
+        ),
+        ("DELETE", one.to_owned(), None, ""),
+        (
+            "PATCH",
+            one.to_owned(),
+            Some("text/plain"),
+            r#"{"enabled":false}"#,
+        ),
+        ("POST", format!("{one}/rotate-secret"), None, ""),
+        ("PUT", "/agent/nowhere".to_owned(), Some("text/plain"), "x"),
+    ];
+    requests.sort_by_key(|(method, path, ..)| (*method, path.clone()));
+    requests
+}
+
+/// A page on another site runs nothing: whatever it sends (a `no-cors` fetch with a
+/// `text/plain` body, a form, an empty body) to any route that runs something or changes state
+/// is `403 ORIGIN_NOT_ALLOWED` before anything is read, and `Origin: null` likewise; reading
+/// the public documents stays open to it.
+#[tokio::test]
+async fn a_page_of_another_origin_runs_nothing() {
+    let probe = Probe::default();
+    let router = origin_app(&probe);
+    for origin in [
+        EVIL,
+        "null",
+        "http://shop.example:8081",
+        "http://localhost:8080",
+    ] {
+        for (method, path, content_type, body) in state_changing_requests() {
+            let request = simple_request(method, &path, Some(origin), content_type, body);
+            let answer = send(&router, request).await;
+            let error = error_of(&answer, StatusCode::FORBIDDEN);
+            assert_eq!(
+                error["code"], "ORIGIN_NOT_ALLOWED",
+                "{method} {path} from {origin}"
+            );
+            assert_eq!(error["category"], "permission");
+            assert_eq!(answer.header("content-type"), Some("application/json"));
+            assert_eq!(answer.header("carmy-version"), Some("1.0"));
+            assert_eq!(answer.header("access-control-allow-origin"), None);
+        }
+    }
+    assert_eq!(probe.runs(), 0, "a tool ran for another origin");
+    // Nothing was subscribed either.
+    let listed = simple_request("GET", "/agent/events/subscriptions", None, None, "");
+    let listed = send(&router, listed).await;
+    assert_eq!(listed.status, StatusCode::OK);
+    assert_eq!(listed.json()["subscriptions"], json!([]));
+
+    // The documents are public, to any page.
+    for path in [
+        "/agent/tools",
+        "/.well-known/agent",
+        "/agent/openapi.json",
+        "/agent/health",
+    ] {
+        let answer = send(&router, simple_request("GET", path, Some(EVIL), None, "")).await;
+        assert_eq!(answer.status, StatusCode::OK, "{path}");
+    }
+}
+
+/// The server's own pages (the console; the browser sends `Origin` on its POSTs), the allowed
+/// origins and clients that send no `Origin` are served as before.
+#[tokio::test]
+async fn the_servers_own_and_allowed_origins_are_served() {
+    let probe = Probe::default();
+    let router = origin_app(&probe);
+    let json = Some("application/json");
+    let mut runs = 0;
+    for origin in [
+        Some("http://shop.example:8080"),
+        Some("https://SHOP.example:8080"),
+        Some(ALLOWED),
+        None,
+    ] {
+        let call = r#"{"tool":"tally"}"#;
+        for (path, body) in [("/agent/execute", call), ("/agent/tools/tally", "{}")] {
+            let answer = send(&router, simple_request("POST", path, origin, json, body)).await;
+            assert_eq!(answer.status, StatusCode::OK, "{path} from {origin:?}");
+            runs += 1;
+            assert_eq!(answer.json()["data"]["text"], runs.to_string());
+            let granted = origin.filter(|origin| *origin == ALLOWED);
+            assert_eq!(answer.header("access-control-allow-origin"), granted);
+        }
+        let subscription =
+            json!({ "url": "http://127.0.0.1:9/hook", "event_types": ["tools.changed"] });
+        let created = simple_request(
+            "POST",
+            "/agent/events/subscriptions",
+            origin,
+            json,
+            &subscription.to_string(),
+        );
+        let created = send(&router, created).await;
+        assert_eq!(created.status, StatusCode::CREATED, "from {origin:?}");
+        let id = created.json()["id"].as_str().unwrap().to_owned();
+        let path = format!("/agent/events/subscriptions/{id}");
+        let deleted = send(&router, simple_request("DELETE", &path, origin, None, "")).await;
+        assert_eq!(deleted.status, StatusCode::NO_CONTENT, "from {origin:?}");
+        // Without a configuration file the reload is refused by the reload itself.
+        let reload = simple_request("POST", "/agent/admin/reload", origin, None, "");
+        let reload = send(&router, reload).await;
+        assert_eq!(reload.json()["error"]["code"], "CONFIG_INVALID");
+    }
+    assert_eq!(probe.runs(), runs);
+}
+
+/// The per-tool route takes its arguments as `application/json` only, as execute does: a
+/// body of another type, or an empty body without the type, is `400 INVALID_REQUEST` and runs
+/// nothing; an empty body declared JSON is `{}`.
+#[tokio::test]
+async fn the_tool_route_takes_json_only() {
+    let probe = Probe::default();
+    let router = app(&probe).tool(tally::TOOL).router().unwrap();
+    let tool = |content_type: Option<&str>, body: &str| {
+        let mut request = Request::post("/agent/tools/tally");
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        request.body(Body::from(body.to_owned())).unwrap()
+    };
+    for (content_type, body) in [
+        (None, ""),
+        (None, "{}"),
+        (Some("text/plain"), ""),
+        (Some("text/plain"), "{}"),
+        (Some("application/x-www-form-urlencoded"), ""),
+        (Some("application/x-www-form-urlencoded"), "a=b"),
+        (Some("multipart/form-data; boundary=x"), ""),
+    ] {
+        let answer = send(&router, tool(content_type, body)).await;
+        let error = error_of(&answer, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            error["code"], "INVALID_REQUEST",
+            "{content_type:?} {body:?}"
+        );
+        assert_eq!(
+            error["details"]["reason"],
+            "the content type must be application/json"
+        );
+        assert_eq!(answer.header("cache-control"), Some("no-store"));
+    }
+    assert_eq!(probe.runs(), 0);
+    for body in ["", "{}"] {
+        let answer = send(&router, tool(Some("application/json; charset=utf-8"), body)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{body:?}");
+    }
+    assert_eq!(probe.runs(), 2);
 }
 
 fn mcp_list(origin: &str) -> Request<Body> {

@@ -21,8 +21,10 @@ pub(crate) async fn document(current: Current, request: Request) -> Response {
         .respond(request.headers(), settings.protection.security_headers)
 }
 
-/// The tool named in the path, called with the body as its arguments (`{}` when the body is
-/// empty) and the `Idempotency-Key` header as its request id; then the execute pipeline.
+/// The tool named in the path, called with the body as its arguments and the
+/// `Idempotency-Key` header as its request id; then the execute pipeline. The body is declared
+/// `application/json`, empty or not (an empty one is `{}`): any other type is what a page on
+/// another site may send without a preflight (a form, `text/plain`), refused before it is read.
 pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
     let caller = Caller::of(&mut parts, &state.current);
@@ -31,11 +33,11 @@ pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Reques
         let Path(tool) = Path::<String>::from_request_parts(&mut parts, &())
             .await
             .map_err(|_| ToolError::invalid_request("the tool name in the path is not valid"))?;
+        execute::require_json(&parts.headers)?;
         let bytes = execute::read_body(body).await?;
         let arguments: Value = if bytes.is_empty() {
             json!({})
         } else {
-            execute::require_json(&parts.headers)?;
             execute::parse_body(&bytes)?
         };
         let request_id = execute::idempotency_key(&parts.headers, present)?;

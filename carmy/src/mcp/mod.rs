@@ -24,7 +24,7 @@ use axum::extract::Request;
 use axum::http::header::{
     CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, RETRY_AFTER, WWW_AUTHENTICATE,
 };
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use http_body::Body as _;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -44,6 +44,7 @@ use crate::error::Error;
 use crate::http::GateLayer;
 use crate::http::error::{retry_after_header, status_of};
 use crate::principal::Principal;
+use crate::protection::origin;
 use crate::settings::Admitted;
 use crate::tool_error::ToolError;
 use crate::wire::paths;
@@ -148,14 +149,9 @@ async fn admit(request: Request, endpoint: &Endpoint) -> Response {
         .get::<Admitted>()
         .map_or(&[], |admitted| &admitted.settings.protection.cors_origins);
     if let Some(origin) = request.headers().get(ORIGIN)
-        && !origin_allowed(origin, allowed)
+        && !origin::loopback_or_allowed(origin, allowed)
     {
-        let error = ToolError::permission(
-            codes::ORIGIN_NOT_ALLOWED,
-            "requests from this Origin are not allowed",
-        )
-        .recoverable(false);
-        return refusal(&error);
+        return refusal(&origin::refused());
     }
     // The header as the SDK reads it: the first, as text.
     if let Some(id) = request
@@ -414,64 +410,4 @@ fn refusal_of(id: &Value, error: &ToolError) -> Response {
         headers.insert(RETRY_AFTER, retry_after);
     }
     response
-}
-
-/// Loopback origins (any port, http or https) and the configured ones are allowed; `null` and
-/// everything else are not.
-fn origin_allowed(origin: &HeaderValue, allowed: &[String]) -> bool {
-    let Ok(origin) = origin.to_str() else {
-        return false;
-    };
-    if allowed
-        .iter()
-        .any(|allowed| allowed.eq_ignore_ascii_case(origin))
-    {
-        return true;
-    }
-    let Some(authority) = origin
-        .strip_prefix("http://")
-        .or_else(|| origin.strip_prefix("https://"))
-    else {
-        return false;
-    };
-    let (host, port) = match authority.strip_prefix('[') {
-        Some(bracketed) => match bracketed.split_once(']') {
-            Some(split) => split,
-            None => return false,
-        },
-        None => authority.split_at(authority.find(':').unwrap_or(authority.len())),
-    };
-    let port_ok = port.is_empty()
-        || port.strip_prefix(':').is_some_and(|digits| {
-            !digits.is_empty() && digits.bytes().all(|byte| byte.is_ascii_digit())
-        });
-    port_ok
-        && matches!(
-            host.to_ascii_lowercase().as_str(),
-            "localhost" | "127.0.0.1" | "::1"
-        )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loopback_and_listed_origins_are_allowed() {
-        let listed = vec!["https://app.example.com".to_owned()];
-        let allowed =
-            |origin: &'static str| origin_allowed(&HeaderValue::from_static(origin), &listed);
-        assert!(allowed("http://localhost"));
-        assert!(allowed("http://localhost:6274"));
-        assert!(allowed("https://127.0.0.1:3000"));
-        assert!(allowed("http://[::1]:8080"));
-        assert!(allowed("HTTPS://APP.EXAMPLE.COM"));
-        assert!(!allowed("http://evil.example"));
-        assert!(!allowed("http://localhost.evil.example"));
-        assert!(!allowed("http://localhost:80@evil.example"));
-        assert!(!allowed("http://127.0.0.1.nip.io"));
-        assert!(!allowed("null"));
-        assert!(!allowed("file://"));
-        assert!(!allowed("https://app.example.com:8443"));
-    }
 }

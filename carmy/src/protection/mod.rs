@@ -1,8 +1,10 @@
 //! What every request passes before a route sees it, in this order: the protocol version
-//! (`Carmy-Version`), the caller's identity, then the caller's rate limit. A bad version costs
-//! no budget; a bad credential is refused before it can spend anyone's. A header these read may
-//! be sent once only.
+//! (`Carmy-Version`), the browser origin of a request that changes state, the caller's
+//! identity, then the caller's rate limit. A bad version or a foreign origin costs no budget; a
+//! bad credential is refused before it can spend anyone's. A header these read may be sent
+//! once only.
 
+pub(crate) mod origin;
 mod rate_limit;
 #[cfg(feature = "redis")]
 mod redis;
@@ -71,11 +73,16 @@ type Refuse = fn(ToolError) -> Response;
 /// MCP's JSON-RPC error under `/mcp`, carmy/1's error envelope everywhere else.
 fn refusal_for(path: &str) -> Refuse {
     #[cfg(feature = "mcp")]
-    if path == crate::wire::paths::MCP || path.starts_with("/mcp/") {
+    if is_mcp(path) {
         return |error| crate::mcp::refusal(&error);
     }
     let _ = path;
     <ToolError as IntoResponse>::into_response
+}
+
+/// Whether `path` is MCP's, when MCP is served.
+fn is_mcp(path: &str) -> bool {
+    cfg!(feature = "mcp") && (path == crate::wire::paths::MCP || path.starts_with("/mcp/"))
 }
 
 /// How requests are admitted; set through the [`App`](crate::App) builder or `carmy.toml`.
@@ -88,8 +95,9 @@ pub(crate) struct Protection {
     /// Key anonymous callers by the last `X-Forwarded-For` address (set by a trusted proxy)
     /// instead of the peer address.
     pub(crate) trust_forwarded_for: bool,
-    /// Browser origins allowed, one list for carmy/1's CORS and MCP's `Origin` check, so a
-    /// preflight never grants what the request is then refused; empty turns CORS off.
+    /// Browser origins allowed, one list for carmy/1's CORS, its `Origin` check of requests
+    /// that change state, and MCP's, so a preflight never grants what the request is then
+    /// refused; empty turns CORS off.
     pub(crate) cors_origins: Vec<String>,
     pub(crate) security_headers: bool,
     /// Counts refusals by a rate limit, when metrics are on.
@@ -125,6 +133,7 @@ impl Protection {
         }
         if present.has(Known::Origin) {
             once(&parts.headers, &ORIGIN, "Origin")?;
+            self.check_origin(parts)?;
         }
         let authorized = present.has(Known::Authorization);
         if authorized {
@@ -153,6 +162,22 @@ impl Protection {
             }
         }
         Ok(principal)
+    }
+
+    /// A request that may run something or change state (any method but `GET`, `HEAD` and
+    /// `OPTIONS`) from a browser comes from the server's own origin or an allowed one, else it
+    /// is refused before it reads anything or spends any budget. `/mcp` applies its own rule.
+    fn check_origin(&self, parts: &Parts) -> Result<(), ToolError> {
+        let safe = matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
+        if safe || is_mcp(parts.uri.path()) {
+            return Ok(());
+        }
+        match parts.headers.get(ORIGIN) {
+            Some(value) if !origin::same_or_allowed(value, &self.cors_origins, parts) => {
+                Err(origin::refused())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The key a caller's budget is counted under: the principal, or for anonymous callers
