@@ -564,7 +564,11 @@ impl App {
                         .to_owned(),
                 ));
             }
-            let events = crate::events::Events::new(Arc::clone(&store), Arc::clone(&current));
+            let events = crate::events::Events::new(
+                Arc::clone(&store),
+                Arc::clone(&current),
+                self.health.clone(),
+            );
             runtime.publish_to(Arc::clone(&events));
             // A router built outside a runtime (a test, a CLI) publishes nothing in the
             // background; the app serves inside one.

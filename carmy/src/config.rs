@@ -36,6 +36,8 @@
 //! retry_schedule = ["5s", "5m", "30m", "2h", "5h", "10h", "10h"]
 //! disable_after = "5d"            # a subscription failing this long is disabled
 //! attempt_timeout = "15s"
+//! max_subscriptions = 100         # made through the API; more are refused with 409
+//! max_pending_deliveries = 100000 # the outbox's bound: beyond it new events are dropped
 //! [[events.subscriptions]]        # declared subscriptions, reloaded like the rest
 //! url = "https://hooks.example.com/carmy"
 //! event_types = ["execution.finished"]
@@ -54,7 +56,7 @@
 //! to one of those needs a restart.
 
 use std::collections::BTreeMap;
-use std::num::{NonZeroU32, NonZeroU64};
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -98,6 +100,10 @@ pub(crate) struct EventsConfig {
     pub(crate) retry_schedule: Vec<Duration>,
     pub(crate) disable_after: Duration,
     pub(crate) attempt_timeout: Duration,
+    /// The most subscriptions the API keeps (those declared in the file aside).
+    pub(crate) max_subscriptions: usize,
+    /// The most deliveries the outbox holds; an event beyond it is dropped.
+    pub(crate) max_pending_deliveries: usize,
     pub(crate) subscriptions: Vec<DeclaredSubscriptionConfig>,
 }
 
@@ -364,6 +370,10 @@ struct Events {
     disable_after: Duration,
     #[serde(default = "attempt_timeout", deserialize_with = "duration")]
     attempt_timeout: Duration,
+    #[serde(default = "max_subscriptions")]
+    max_subscriptions: NonZeroUsize,
+    #[serde(default = "max_pending_deliveries")]
+    max_pending_deliveries: NonZeroUsize,
     #[serde(default)]
     subscriptions: Vec<Spanned<DeclaredSubscription>>,
 }
@@ -389,6 +399,14 @@ fn disable_after() -> Duration {
 
 fn attempt_timeout() -> Duration {
     Duration::from_secs(15)
+}
+
+fn max_subscriptions() -> NonZeroUsize {
+    NonZeroUsize::new(100).expect("100 is not zero")
+}
+
+fn max_pending_deliveries() -> NonZeroUsize {
+    NonZeroUsize::new(100_000).expect("100,000 is not zero")
 }
 
 /// `"15s"`, in humantime's notation, at least a millisecond.
@@ -726,6 +744,8 @@ impl Events {
             retry_schedule,
             disable_after,
             attempt_timeout,
+            max_subscriptions,
+            max_pending_deliveries,
             subscriptions,
         } = self;
         let subscriptions = subscriptions
@@ -760,6 +780,8 @@ impl Events {
             retry_schedule,
             disable_after,
             attempt_timeout,
+            max_subscriptions: max_subscriptions.get(),
+            max_pending_deliveries: max_pending_deliveries.get(),
             subscriptions,
         })
     }
@@ -809,6 +831,20 @@ mod tests {
         assert_eq!(config.server.max_connections, Some(100));
         let error = parse("[server]\nhead_timeout = 5\n").unwrap_err();
         assert!(error.contains("unknown field `head_timeout`"), "{error}");
+    }
+
+    #[test]
+    fn the_event_bounds_default_and_are_at_least_one() {
+        let events = |text: &str| parse(text).map(|config| config.events.unwrap());
+        let defaults = events("[events]\n").unwrap();
+        assert_eq!(defaults.max_subscriptions, 100);
+        assert_eq!(defaults.max_pending_deliveries, 100_000);
+        let set = events("[events]\nmax_subscriptions = 3\nmax_pending_deliveries = 7\n").unwrap();
+        assert_eq!((set.max_subscriptions, set.max_pending_deliveries), (3, 7));
+        for key in ["max_subscriptions", "max_pending_deliveries"] {
+            let error = events(&format!("[events]\n{key} = 0\n")).unwrap_err();
+            assert!(error.contains("line 2"), "{error}");
+        }
     }
 
     #[test]

@@ -11,6 +11,10 @@ use crate::catalog::{Catalog, CatalogTool};
 use crate::executions::MAX_PAGE;
 use crate::principal::TrustLevel;
 use crate::wire::paths;
+use crate::wire::subscriptions::{
+    DEFAULT_PAGE as SUBSCRIPTIONS_PAGE, MAX_DESCRIPTION_BYTES, MAX_PAGE as SUBSCRIPTIONS_MAX_PAGE,
+    MAX_URL_BYTES,
+};
 
 const OPENAPI_VERSION: &str = "3.1.0";
 
@@ -576,29 +580,49 @@ fn subscription_paths(builder: &mut Builder<'_>) {
             SUBSCRIPTION_WRITE_ERRORS,
         ),
     );
+    let url = json!({ "type": "string", "description": format!("At most {MAX_URL_BYTES} bytes.") });
+    let description = format!("At most {MAX_DESCRIPTION_BYTES} bytes.");
     create["requestBody"] = json_body(json!({
         "type": "object",
         "required": ["url", "event_types"],
         "additionalProperties": false,
         "properties": {
-            "url": { "type": "string" },
+            "url": url,
             "event_types": event_types,
-            "description": { "type": "string" },
+            "description": { "type": "string", "description": description },
         },
     }));
-    let list = json!({ "type": "object", "required": ["subscriptions"], "properties": {
+    let list = json!({ "type": "object", "required": ["subscriptions", "next_cursor"], "properties": {
         "subscriptions": { "type": "array", "items": reference("Subscription") },
+        "next_cursor": { "type": ["string", "null"] },
     } });
+    let mut listed = operation(
+        "list_subscriptions",
+        "A page of the subscriptions, without secrets: those declared in the file, then the \
+         others oldest first.",
+        answer(
+            "200",
+            "The subscriptions; `next_cursor` is null on the last page.",
+            list,
+            SUBSCRIPTION_READ_ERRORS,
+        ),
+    );
+    let query = |name: &str, description: &str, schema: Value| json!({ "name": name, "in": "query", "description": description, "schema": schema });
+    listed["parameters"] = json!([
+        query(
+            "limit",
+            &format!("At most this many (default {SUBSCRIPTIONS_PAGE})."),
+            json!({ "type": "integer", "minimum": 1, "maximum": SUBSCRIPTIONS_MAX_PAGE })
+        ),
+        query(
+            "cursor",
+            "The `next_cursor` of the previous page.",
+            json!({ "type": "string", "pattern": "^sub_[A-Za-z0-9_]{1,60}$" })
+        ),
+    ]);
     builder.paths.insert(
         paths::SUBSCRIPTIONS.to_owned(),
-        json!({
-            "get": operation(
-                "list_subscriptions",
-                "Every subscription, without secrets.",
-                answer("200", "The subscriptions.", list, SUBSCRIPTION_READ_ERRORS),
-            ),
-            "post": create,
-        }),
+        json!({ "get": listed, "post": create }),
     );
 
     let mut update = operation(
@@ -617,7 +641,7 @@ fn subscription_paths(builder: &mut Builder<'_>) {
         "properties": {
             "enabled": { "type": "boolean" },
             "event_types": event_types,
-            "description": { "type": ["string", "null"] },
+            "description": { "type": ["string", "null"], "description": description },
         },
     }));
     let mut deleted = json!({ "204": { "description": "Deleted, with its pending deliveries." } });
@@ -758,7 +782,7 @@ const ERROR_STATUSES: &[(u16, &str)] = &[
     ),
     (
         409,
-        "The call clashes with recorded state (`IDEMPOTENCY_CONFLICT`, `EXECUTION_UNCERTAIN`, a tool's conflict).",
+        "The call clashes with recorded state (`IDEMPOTENCY_CONFLICT`, `EXECUTION_UNCERTAIN`, `SUBSCRIPTION_LIMIT_REACHED`, a tool's conflict).",
     ),
     (413, "The body is larger than 1 MiB (`PAYLOAD_TOO_LARGE`)."),
     (
@@ -783,7 +807,9 @@ const PROBE_ERRORS: &[u16] = &[400, 406];
 /// A body (it must be empty), a browser's foreign origin, a refused file (`409`), a budget.
 const ADMIN_ERRORS: &[u16] = &[400, 403, 406, 409, 429];
 const SUBSCRIPTION_READ_ERRORS: &[u16] = &[400, 406, 429, 503];
-const SUBSCRIPTION_WRITE_ERRORS: &[u16] = &[400, 403, 406, 413, 429, 503];
+/// A bad or long field, a browser's foreign origin, too many subscriptions (`409`), the body,
+/// a budget, the store.
+const SUBSCRIPTION_WRITE_ERRORS: &[u16] = &[400, 403, 406, 409, 413, 429, 503];
 const SUBSCRIPTION_ONE_ERRORS: &[u16] = &[400, 403, 404, 406, 409, 413, 429, 503];
 /// A bad parameter, a budget, the store.
 const EXECUTION_LIST_ERRORS: &[u16] = &[400, 406, 429, 503];

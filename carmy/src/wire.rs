@@ -50,6 +50,9 @@ pub(crate) mod codes {
     /// The subscription is declared in `carmy.toml`, not changed through the API (§8).
     #[cfg(feature = "events")]
     pub(crate) const SUBSCRIPTION_DECLARED: &str = "SUBSCRIPTION_DECLARED";
+    /// As many subscriptions as `[events] max_subscriptions` exist already (§8, `409`).
+    #[cfg(feature = "events")]
+    pub(crate) const SUBSCRIPTION_LIMIT_REACHED: &str = "SUBSCRIPTION_LIMIT_REACHED";
     /// The store of subscriptions and the outbox did not answer (§8).
     #[cfg(feature = "events")]
     pub(crate) const EVENTS_UNAVAILABLE: &str = "EVENTS_UNAVAILABLE";
@@ -81,6 +84,19 @@ pub(crate) mod paths {
     pub(crate) fn tool(name: &str) -> String {
         TOOL.replace("{name}", name)
     }
+}
+
+/// The bounds of event subscriptions (§8), shared by the routes and the OpenAPI document that
+/// describes them.
+pub(crate) mod subscriptions {
+    /// The longest URL a subscription may have, in bytes.
+    pub(crate) const MAX_URL_BYTES: usize = 2048;
+    /// The longest description a subscription may have, in bytes.
+    pub(crate) const MAX_DESCRIPTION_BYTES: usize = 1024;
+    /// Subscriptions in a page of the list when the caller does not say.
+    pub(crate) const DEFAULT_PAGE: usize = 20;
+    /// The most subscriptions in a page of the list.
+    pub(crate) const MAX_PAGE: usize = 100;
 }
 
 /// carmy/1's own headers.

@@ -46,5 +46,6 @@ mod testing_client;
 mod tool_errors;
 mod tools;
 mod tracing_span;
+mod webhook_bounds;
 mod webhook_durability;
 mod webhooks;

@@ -24,13 +24,13 @@ use tokio::time::Instant;
 use crate::tools::{self, Probe};
 
 /// `internal`.
-const ROOT: &str = "root-token";
+pub(crate) const ROOT: &str = "root-token";
 /// `known`, with `manage:events`.
 const MANAGER: &str = "manager-token";
 /// `known`, without it.
-const PLAIN: &str = "plain-token";
+pub(crate) const PLAIN: &str = "plain-token";
 
-const SUBSCRIPTIONS: &str = "/agent/events/subscriptions";
+pub(crate) const SUBSCRIPTIONS: &str = "/agent/events/subscriptions";
 
 /// The generous bound of "eventually delivered": the worker polls every half second.
 const DELIVERED_WITHIN: Duration = Duration::from_secs(15);
@@ -48,7 +48,7 @@ fn tokens() -> String {
 
 /// An `[events]` table for receivers on loopback, retrying on `schedule` (extra keys and
 /// `[[events.subscriptions]]` after it).
-fn events_table(schedule: &[&str], extra: &str) -> String {
+pub(crate) fn events_table(schedule: &[&str], extra: &str) -> String {
     let schedule: Vec<String> = schedule
         .iter()
         .map(|delay| format!("\"{delay}\""))
@@ -65,7 +65,7 @@ const SHORT: &[&str] = &["200ms", "400ms"];
 /// The store a test's app keeps its outbox in: PostgreSQL, in a schema of the test's own (each
 /// app's worker delivers everything in its outbox, so two tests must never share one). `None`
 /// (the test is skipped) without `CARMY_TEST_POSTGRES_URL`.
-async fn postgres(test: &str) -> Option<Arc<dyn IdempotencyStore>> {
+pub(crate) async fn postgres(test: &str) -> Option<Arc<dyn IdempotencyStore>> {
     let url = server_url("CARMY_TEST_POSTGRES_URL")?;
     let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
@@ -91,11 +91,11 @@ async fn store(_test: &str) -> Option<Arc<dyn IdempotencyStore>> {
 
 /// An app with the test tools, `tokens()` and `events` (no `[events]` table when empty), its
 /// outbox in `store`.
-fn app(store: &Arc<dyn IdempotencyStore>, events: &str) -> carmy::App {
+pub(crate) fn app(store: &Arc<dyn IdempotencyStore>, events: &str) -> carmy::App {
     app_with_env(store, events, &[])
 }
 
-fn app_with_env(
+pub(crate) fn app_with_env(
     store: &Arc<dyn IdempotencyStore>,
     events: &str,
     env: &[(&str, &str)],
@@ -113,7 +113,7 @@ fn app_with_env(
 }
 
 /// A request as `token` (anonymous when `None`), with a JSON body when `body` is given.
-async fn call(
+pub(crate) async fn call(
     router: &Router,
     method: &str,
     path: &str,
@@ -135,7 +135,7 @@ async fn call(
 }
 
 /// Creates a subscription as root; its JSON, with the secret.
-async fn subscribe(router: &Router, url: &str, event_types: &[&str]) -> Value {
+pub(crate) async fn subscribe(router: &Router, url: &str, event_types: &[&str]) -> Value {
     let created = call(
         router,
         "POST",
@@ -148,7 +148,7 @@ async fn subscribe(router: &Router, url: &str, event_types: &[&str]) -> Value {
     created.json()
 }
 
-fn id(subscription: &Value) -> &str {
+pub(crate) fn id(subscription: &Value) -> &str {
     subscription["id"].as_str().unwrap()
 }
 
@@ -157,7 +157,7 @@ fn secret(subscription: &Value) -> SigningSecret {
 }
 
 /// `echo` as `token`, with `request_id` when given; the answer.
-async fn echo(router: &Router, token: Option<&str>, request_id: Option<&str>) -> Answer {
+pub(crate) async fn echo(router: &Router, token: Option<&str>, request_id: Option<&str>) -> Answer {
     let mut body = json!({ "tool": "echo", "arguments": { "text": "hi" } });
     if let Some(request_id) = request_id {
         body["request_id"] = json!(request_id);
@@ -191,7 +191,7 @@ async fn attempts(router: &Router, subscription: &str) -> Vec<Value> {
 }
 
 /// Polls `check` until it holds, for at most [`DELIVERED_WITHIN`].
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + DELIVERED_WITHIN;
     while !check().await {
         assert!(
@@ -336,7 +336,7 @@ async fn receive(
 }
 
 /// A loopback URL where nothing listens: a port bound, then released.
-async fn down_url() -> String {
+pub(crate) async fn down_url() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
@@ -1173,7 +1173,7 @@ async fn refused_urls_are_refused_at_creation() {
 }
 
 /// A secret the tests give declared subscriptions through their environment.
-fn declared_secret() -> SigningSecret {
+pub(crate) fn declared_secret() -> SigningSecret {
     SigningSecret::from_bytes(&[7; 32]).unwrap()
 }
 

@@ -22,7 +22,7 @@ mod worker;
 pub use deliver::{Attempt, AttemptOutcome, Deliverer, DeliveryPolicy};
 pub use secret::{SecretError, SigningSecret};
 #[cfg(feature = "events")]
-pub(crate) use service::{Events, NewSubscription, SubscriptionChange, SubscriptionView};
+pub(crate) use service::{Events, NewSubscription, Page, SubscriptionChange, SubscriptionView};
 #[cfg(feature = "events")]
 pub(crate) use settings::{EventSettings, EventType};
 #[cfg(feature = "events")]

@@ -10,22 +10,23 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 
 use super::secret::SigningSecret;
-use super::settings::{EventSettings, EventType};
+use super::settings::{DECLARED_PREFIX, EventSettings, EventType};
+use crate::health::Health;
 use crate::idempotency::{DeliveryAttempt, IdempotencyStore, OutboxEvent, StoredSubscription};
 use crate::settings::Current;
-use crate::tool_error::ToolError;
+use crate::tool_error::{ToolError, clip};
 use crate::wire::codes;
+use crate::wire::subscriptions::{MAX_DESCRIPTION_BYTES, MAX_URL_BYTES};
 
 /// How long the old secret keeps signing after a rotation.
 const ROTATION_OVERLAP: Duration = Duration::from_secs(24 * 60 * 60);
 /// How long the subscriptions read from the store serve the publishers before they are read
 /// again: a subscription made on another replica receives events within this.
 const SUBSCRIPTIONS_FRESH_FOR: Duration = Duration::from_secs(1);
-/// The outbox's bound: beyond it new events are dropped (and logged), never the caller's
-/// answer delayed.
-pub(crate) const MAX_PENDING: usize = 100_000;
 /// Attempts `GET …/deliveries` shows.
 pub(crate) const LISTED_ATTEMPTS: usize = 100;
+/// How long the `events` health check warns after the outbox last dropped an event.
+const DROPS_SHOWN_FOR: Duration = Duration::from_secs(5 * 60);
 
 /// Publishes events and manages subscriptions; shared by the runtime, the worker and the
 /// HTTP adapter.
@@ -35,8 +36,22 @@ pub(crate) struct Events {
     /// Wakes the worker when an event is written here.
     pub(crate) written: Arc<Notify>,
     cached: Mutex<Option<(Instant, Arc<[StoredSubscription]>)>>,
-    /// The outbox's size as the worker last counted it.
+    /// The outbox's size as the worker last counted it, plus what was written here since.
     pub(crate) pending: std::sync::atomic::AtomicUsize,
+    /// Where the `events` check shows dropped events.
+    health: Health,
+    /// The events dropped lately, the outbox being full.
+    drops: Mutex<Option<Drops>>,
+    /// Held while a subscription is counted and saved, so that concurrent creations here
+    /// cannot pass the bound together.
+    creating: tokio::sync::Mutex<()>,
+}
+
+/// A run of events the outbox refused, none more than [`DROPS_SHOWN_FOR`] after the last.
+struct Drops {
+    count: u64,
+    since: SystemTime,
+    last: Instant,
 }
 
 impl std::fmt::Debug for Events {
@@ -102,6 +117,13 @@ pub(crate) struct NewSubscription {
     pub(crate) description: Option<String>,
 }
 
+/// A page of the list: subscriptions after `after` (a `next_cursor`, a subscription's id).
+#[derive(Debug)]
+pub(crate) struct Page {
+    pub(crate) limit: usize,
+    pub(crate) after: Option<String>,
+}
+
 /// What `PATCH …/{id}` changes; what is absent stays.
 #[derive(Debug, Default)]
 pub(crate) struct SubscriptionChange {
@@ -111,13 +133,20 @@ pub(crate) struct SubscriptionChange {
 }
 
 impl Events {
-    pub(crate) fn new(store: Arc<dyn IdempotencyStore>, current: Current) -> Arc<Self> {
+    pub(crate) fn new(
+        store: Arc<dyn IdempotencyStore>,
+        current: Current,
+        health: Health,
+    ) -> Arc<Self> {
         Arc::new(Events {
             store,
             current,
             written: Arc::new(Notify::new()),
             cached: Mutex::new(None),
             pending: std::sync::atomic::AtomicUsize::new(0),
+            health,
+            drops: Mutex::new(None),
+            creating: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -156,12 +185,9 @@ impl Events {
         if targets.is_empty() {
             return;
         }
-        if self.pending.load(std::sync::atomic::Ordering::Relaxed) >= MAX_PENDING {
-            tracing::error!(
-                event = kind.as_str(),
-                max = MAX_PENDING,
-                "the event outbox is full; the event is dropped"
-            );
+        let bound = settings.max_pending_deliveries;
+        if self.pending.load(std::sync::atomic::Ordering::Relaxed) >= bound {
+            self.dropped(kind, bound);
             return;
         }
         let event = OutboxEvent {
@@ -177,10 +203,50 @@ impl Events {
             ),
         };
         match self.store.enqueue_event(&event, &targets).await {
-            Ok(()) => self.written.notify_one(),
+            Ok(()) => {
+                // Counted at once: a burst between two of the worker's counts stays bounded.
+                self.pending
+                    .fetch_add(targets.len(), std::sync::atomic::Ordering::Relaxed);
+                self.written.notify_one();
+            }
             Err(error) => {
                 tracing::error!(%error, event = kind.as_str(), "could not write an event to the outbox");
             }
+        }
+    }
+
+    /// An event the full outbox refused: logged, and counted in the `events` health check.
+    fn dropped(&self, kind: EventType, bound: usize) {
+        tracing::error!(
+            event = kind.as_str(),
+            max = bound,
+            "the event outbox is full; the event is dropped"
+        );
+        let mut drops = lock(&self.drops);
+        let drops = drops.get_or_insert_with(|| Drops {
+            count: 0,
+            since: SystemTime::now(),
+            last: Instant::now(),
+        });
+        drops.count += 1;
+        drops.last = Instant::now();
+        self.health.report_events(Some(format!(
+            "{} events dropped since {}: the outbox holds its bound of {bound} pending deliveries",
+            drops.count,
+            humantime::format_rfc3339_seconds(drops.since)
+        )));
+    }
+
+    /// Passes the `events` health check again once no event was dropped for
+    /// [`DROPS_SHOWN_FOR`]; the worker calls it on every round.
+    pub(crate) fn forget_old_drops(&self) {
+        let mut drops = lock(&self.drops);
+        if drops
+            .as_ref()
+            .is_some_and(|drops| drops.last.elapsed() >= DROPS_SHOWN_FOR)
+        {
+            *drops = None;
+            self.health.report_events(None);
         }
     }
 
@@ -201,9 +267,7 @@ impl Events {
     fn lock_cache(
         &self,
     ) -> std::sync::MutexGuard<'_, Option<(Instant, Arc<[StoredSubscription]>)>> {
-        self.cached
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.cached)
     }
 
     /// A change made here is seen by the next publish.
@@ -212,12 +276,17 @@ impl Events {
     }
 
     /// Creates a subscription: its URL passes the SSRF guard now (and again at every attempt);
-    /// nothing is sent to it. The secret is returned once.
+    /// nothing is sent to it. The secret is returned once. Beyond `max_subscriptions` made
+    /// here, `409 SUBSCRIPTION_LIMIT_REACHED`.
     pub(crate) async fn create(
         &self,
         settings: &EventSettings,
         request: NewSubscription,
     ) -> Result<(SubscriptionView, SigningSecret), ToolError> {
+        check_length("url", &request.url, MAX_URL_BYTES)?;
+        if let Some(description) = &request.description {
+            check_length("description", description, MAX_DESCRIPTION_BYTES)?;
+        }
         let event_types = checked_event_types(request.event_types)?;
         settings
             .deliverer
@@ -239,6 +308,17 @@ impl Events {
             disabled_reason: None,
             failing_since: None,
         };
+        // Replicas each hold their own lock: together they may pass the bound by one each.
+        let _creating = self.creating.lock().await;
+        let made = self
+            .store
+            .subscriptions()
+            .await
+            .map_err(|error| unavailable(&error))?
+            .len();
+        if made >= settings.max_subscriptions {
+            return Err(limit_reached(settings.max_subscriptions));
+        }
         self.store
             .save_subscription(&stored)
             .await
@@ -247,22 +327,43 @@ impl Events {
         Ok((SubscriptionView::from(&stored), secret))
     }
 
-    /// Every subscription: those the file declares, then the store's, oldest first.
+    /// A page of the subscriptions: those the file declares, in its order, then the store's,
+    /// oldest first (by id: ids sort by time), with the cursor of the next page when there is
+    /// one. A page goes on after its cursor's subscription even once it is gone.
     pub(crate) async fn list(
         &self,
         settings: &EventSettings,
-    ) -> Result<Vec<SubscriptionView>, ToolError> {
-        let stored = self
+        page: &Page,
+    ) -> Result<(Vec<SubscriptionView>, Option<Arc<str>>), ToolError> {
+        let mut stored = self
             .store
             .subscriptions()
             .await
             .map_err(|error| unavailable(&error))?;
-        Ok(settings
-            .declared
-            .iter()
-            .map(declared_view)
-            .chain(stored.iter().map(SubscriptionView::from))
-            .collect())
+        stored.sort_unstable_by(|one, other| one.id.cmp(&other.id));
+        let declared = &settings.declared;
+        let start = match page.after.as_deref() {
+            None => 0,
+            Some(after) => match declared.iter().position(|declared| &*declared.id == after) {
+                Some(index) => index + 1,
+                // A declared one a reload removed: the store's come next.
+                None if after.starts_with(DECLARED_PREFIX) => declared.len(),
+                None => declared.len() + stored.partition_point(|one| &*one.id <= after),
+            },
+        };
+        let total = declared.len() + stored.len();
+        let end = start.saturating_add(page.limit).min(total);
+        let views: Vec<SubscriptionView> = (start..end)
+            .map(|index| match declared.get(index) {
+                Some(declared) => declared_view(declared),
+                None => SubscriptionView::from(&stored[index - declared.len()]),
+            })
+            .collect();
+        let next = views
+            .last()
+            .filter(|_| end < total)
+            .map(|last| Arc::clone(&last.id));
+        Ok((views, next))
     }
 
     pub(crate) async fn get(
@@ -300,6 +401,9 @@ impl Events {
             stored.event_types = checked_event_types(event_types)?;
         }
         if let Some(description) = change.description {
+            if let Some(description) = &description {
+                check_length("description", description, MAX_DESCRIPTION_BYTES)?;
+            }
             stored.description = description;
         }
         match change.enabled {
@@ -389,9 +493,8 @@ fn checked_event_types(event_types: Vec<String>) -> Result<Vec<String>, ToolErro
     for name in event_types {
         if EventType::from_wire(&name).is_none() {
             let known: Vec<&str> = EventType::ALL.iter().map(|kind| kind.as_str()).collect();
-            return Err(invalid(&format!("unknown event type `{name}`")).details(
-                json!({ "reason": format!("unknown event type `{name}`"), "known": known }),
-            ));
+            let reason = format!("unknown event type `{}`", clip(&name));
+            return Err(invalid(&reason).details(json!({ "reason": reason, "known": known })));
         }
         if !checked.contains(&name) {
             checked.push(name);
@@ -402,6 +505,30 @@ fn checked_event_types(event_types: Vec<String>) -> Result<Vec<String>, ToolErro
 
 fn invalid(message: &str) -> ToolError {
     ToolError::invalid_request(message.to_owned())
+}
+
+/// `400 INVALID_REQUEST` for a `field` longer than `limit` bytes, naming both.
+fn check_length(field: &str, value: &str, limit: usize) -> Result<(), ToolError> {
+    if value.len() <= limit {
+        return Ok(());
+    }
+    let reason = format!("`{field}` is longer than {limit} bytes");
+    Err(invalid(&reason).details(json!({
+        "reason": reason,
+        "field": field,
+        "limit_bytes": limit,
+    })))
+}
+
+/// `409 SUBSCRIPTION_LIMIT_REACHED`: as many subscriptions as the server keeps.
+fn limit_reached(limit: usize) -> ToolError {
+    let reason = format!(
+        "there are already {limit} subscriptions, the most this server keeps ([events] \
+         max_subscriptions): delete one first"
+    );
+    ToolError::conflict(codes::SUBSCRIPTION_LIMIT_REACHED, reason.clone())
+        .recoverable(false)
+        .details(json!({ "reason": reason, "limit": limit }))
 }
 
 fn refuse_declared(settings: &EventSettings, id: &str) -> Result<(), ToolError> {
@@ -422,6 +549,13 @@ pub(crate) fn unavailable(error: &crate::idempotency::StoreError) -> ToolError {
     tracing::error!(%error, "the event store failed");
     ToolError::capacity(codes::EVENTS_UNAVAILABLE, "the event store is unavailable")
         .retryable(Duration::from_secs(1))
+}
+
+/// A lock held only for plain assignments: a panic elsewhere leaves its value consistent.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Now, to the millisecond the stores keep.

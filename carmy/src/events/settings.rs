@@ -43,6 +43,9 @@ impl EventType {
     }
 }
 
+/// How the id of a subscription declared in `carmy.toml` starts.
+pub(crate) const DECLARED_PREFIX: &str = "sub_config_";
+
 /// A subscription declared in `carmy.toml`: read-only through the API, the same on every
 /// replica that reads the same file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +67,11 @@ pub(crate) struct EventSettings {
     pub(crate) retry_schedule: Vec<Duration>,
     /// A subscription failing without a success for this long is disabled.
     pub(crate) disable_after: Duration,
+    /// The most subscriptions made through the API.
+    pub(crate) max_subscriptions: usize,
+    /// The outbox's bound: beyond it new events are dropped (and said so in health), never the
+    /// caller's answer delayed.
+    pub(crate) max_pending_deliveries: usize,
     pub(crate) declared: Vec<DeclaredSubscription>,
 }
 
@@ -105,6 +113,8 @@ impl EventSettings {
             attempt_timeout: config.attempt_timeout,
             retry_schedule: config.retry_schedule.clone(),
             disable_after: config.disable_after,
+            max_subscriptions: config.max_subscriptions,
+            max_pending_deliveries: config.max_pending_deliveries,
             declared,
         })
     }
@@ -125,5 +135,5 @@ fn declared_id(url: &str, event_types: &[EventType]) -> Arc<str> {
         .iter()
         .map(|byte| format!("{byte:02x}"))
         .collect();
-    Arc::from(format!("sub_config_{hex}"))
+    Arc::from(format!("{DECLARED_PREFIX}{hex}"))
 }

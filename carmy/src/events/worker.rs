@@ -53,6 +53,8 @@ pub(crate) async fn run(events: Weak<Events>, stop: CancellationToken) {
         let Some(events) = events.upgrade() else {
             return;
         };
+        // Also while events are off: a drop shown before they were turned off passes again.
+        events.forget_old_drops();
         let Some(settings) = events.settings() else {
             continue;
         };

@@ -167,6 +167,9 @@ impl CheckResult {
 
 /// The configuration component: `warn` while the last configuration reload failed.
 const CONFIG_CHECK: &str = "config";
+/// The event outbox: `warn` while it has dropped events recently; absent until it first has.
+#[cfg(feature = "events")]
+const EVENTS_CHECK: &str = "events";
 
 /// What the health routes show, taken at once.
 #[derive(Debug, Clone)]
@@ -322,15 +325,27 @@ impl Health {
     /// `internal` callers) is `error`; `None` (a good file loaded) passes it again. A bad file
     /// keeps the old configuration serving, so readiness holds.
     pub(crate) fn report_config(&self, error: Option<String>) {
-        let result = match error {
+        self.report_warning(CONFIG_CHECK, error);
+    }
+
+    /// Shows events the outbox dropped, being full, as the `warn` check `events`, whose output
+    /// (for `internal` callers) is `dropped`; `None` passes it again. The service still serves.
+    #[cfg(feature = "events")]
+    pub(crate) fn report_events(&self, dropped: Option<String>) {
+        self.report_warning(EVENTS_CHECK, dropped);
+    }
+
+    /// The component `name`: `warn` with `warning` as its output, or `pass`.
+    fn report_warning(&self, name: &'static str, warning: Option<String>) {
+        let result = match warning {
             None => CheckResult::PASS,
-            Some(error) => CheckResult {
+            Some(warning) => CheckResult {
                 status: CheckStatus::Warn,
                 observed: None,
-                output: Some(error),
+                output: Some(warning),
             },
         };
-        lock(&self.inner.checks).insert(CONFIG_CHECK, result);
+        lock(&self.inner.checks).insert(name, result);
     }
 
     /// Removes a component no longer checked.

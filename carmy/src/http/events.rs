@@ -2,12 +2,13 @@
 //! `internal` callers and holders of `manage:events`. To anyone else, and while events are
 //! off, every one of these routes is the `404` of an unknown route.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -15,9 +16,11 @@ use serde_json::{Value, json};
 use super::GateLayer;
 use super::execute::{parse_body, read_body, require_json};
 use crate::events::{
-    EventSettings, Events, NewSubscription, SigningSecret, SubscriptionChange, SubscriptionView,
+    EventSettings, Events, NewSubscription, Page, SigningSecret, SubscriptionChange,
+    SubscriptionView,
 };
 use crate::tool_error::ToolError;
+use crate::wire::subscriptions::{DEFAULT_PAGE, MAX_PAGE};
 use crate::wire::{JSON, NO_STORE, paths};
 
 /// The permission that opens the routes to a caller below `internal`.
@@ -134,23 +137,49 @@ async fn create(State(events): State<Arc<Events>>, request: Request) -> Response
     )
 }
 
+/// A page of the subscriptions, `?limit=` (default 20, at most 100) after `?cursor=` (the
+/// previous page's `next_cursor`, `null` on the last page).
 async fn list(State(events): State<Arc<Events>>, request: Request) -> Response {
     answer(
         async move {
             let settings = allowed(&events, &request)?;
-            let listed: Vec<Value> = events
-                .list(&settings)
-                .await?
-                .iter()
-                .map(|view| view.to_json())
-                .collect();
+            let page = page_of(request.uri())?;
+            let (views, next_cursor) = events.list(&settings, &page).await?;
+            let listed: Vec<Value> = views.iter().map(SubscriptionView::to_json).collect();
             Ok(json_response(
                 StatusCode::OK,
-                &json!({ "subscriptions": listed }),
+                &json!({ "subscriptions": listed, "next_cursor": next_cursor.as_deref() }),
             ))
         }
         .await,
     )
+}
+
+/// `limit` and `cursor`, checked; other parameters are ignored.
+fn page_of(uri: &Uri) -> Result<Page, ToolError> {
+    let Query(parameters) = Query::<HashMap<String, String>>::try_from_uri(uri)
+        .map_err(|_| super::bad_parameter("query", "the query string could not be decoded"))?;
+    let limit = super::page_limit(&parameters, DEFAULT_PAGE, MAX_PAGE)?;
+    let after = parameters
+        .get("cursor")
+        .map(|cursor| {
+            // An id: `sub_` and a few dozen letters, digits and underscores.
+            let id_like = cursor.starts_with("sub_")
+                && cursor.len() <= 64
+                && cursor
+                    .bytes()
+                    .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_');
+            if id_like {
+                Ok(cursor.clone())
+            } else {
+                Err(super::bad_parameter(
+                    "cursor",
+                    "cursor must be a next_cursor this endpoint returned",
+                ))
+            }
+        })
+        .transpose()?;
+    Ok(Page { limit, after })
 }
 
 async fn read(

@@ -14,8 +14,8 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::json;
 
-use super::GateLayer;
 use super::sse;
+use super::{GateLayer, bad_parameter};
 use crate::executions::{
     self, CANCEL_SETTLES_WITHIN, Cancelled, DEFAULT_PAGE, Executions, MAX_PAGE,
     RETRY_AFTER as RUNNING_RETRY_AFTER,
@@ -229,19 +229,7 @@ fn list_query(parameters: &HashMap<String, String>) -> Result<ExecutionQuery, To
             })
         })
         .transpose()?;
-    let limit = match parameters.get("limit") {
-        None => DEFAULT_PAGE,
-        Some(limit) => limit
-            .parse::<usize>()
-            .ok()
-            .filter(|limit| (1..=MAX_PAGE).contains(limit))
-            .ok_or_else(|| {
-                bad_parameter(
-                    "limit",
-                    &format!("limit must be a whole number from 1 to {MAX_PAGE}"),
-                )
-            })?,
-    };
+    let limit = super::page_limit(parameters, DEFAULT_PAGE, MAX_PAGE)?;
     let before = parameters
         .get("cursor")
         .map(|cursor| {
@@ -261,9 +249,4 @@ fn list_query(parameters: &HashMap<String, String>) -> Result<ExecutionQuery, To
         before,
         limit,
     })
-}
-
-/// `400 INVALID_REQUEST` naming the query parameter at fault.
-fn bad_parameter(parameter: &str, reason: &str) -> ToolError {
-    ToolError::invalid_request(reason).details(json!({ "reason": reason, "parameter": parameter }))
 }

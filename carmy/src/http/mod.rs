@@ -184,6 +184,33 @@ pub(crate) fn content_length(length: usize) -> HeaderValue {
     }
 }
 
+/// A list's `limit` query parameter: from 1 to `max`, `default` when absent.
+fn page_limit(
+    parameters: &std::collections::HashMap<String, String>,
+    default: usize,
+    max: usize,
+) -> Result<usize, ToolError> {
+    let Some(limit) = parameters.get("limit") else {
+        return Ok(default);
+    };
+    limit
+        .parse::<usize>()
+        .ok()
+        .filter(|limit| (1..=max).contains(limit))
+        .ok_or_else(|| {
+            bad_parameter(
+                "limit",
+                &format!("limit must be a whole number from 1 to {max}"),
+            )
+        })
+}
+
+/// `400 INVALID_REQUEST` naming the query parameter at fault.
+fn bad_parameter(parameter: &str, reason: &str) -> ToolError {
+    ToolError::invalid_request(reason)
+        .details(serde_json::json!({ "reason": reason, "parameter": parameter }))
+}
+
 /// A route that takes no input refuses a body rather than ignoring it.
 async fn empty_body(body: axum::body::Body, what: &str) -> Result<(), ToolError> {
     use http_body_util::{BodyExt, Limited};
