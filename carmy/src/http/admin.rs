@@ -32,9 +32,9 @@ pub(crate) fn router(gate: &GateLayer, reloader: Arc<Reloader>) -> Router {
 /// so that no method reveals the route.
 async fn wrong_method(request: Request) -> Response {
     if super::may_manage(&request, MANAGE_CONFIG) {
-        super::method_not_allowed().await.into_response()
+        super::method_not_allowed(request).await
     } else {
-        super::not_a_route().into_response()
+        super::route_not_found(request).await
     }
 }
 
@@ -43,7 +43,7 @@ async fn wrong_method(request: Request) -> Response {
 /// key.
 async fn reload(State(reloader): State<Arc<Reloader>>, request: Request) -> Response {
     if !super::may_manage(&request, MANAGE_CONFIG) {
-        return super::route_not_found().await.into_response();
+        return super::route_not_found(request).await;
     }
     if let Err(error) = super::empty_body(request.into_body(), "the reload").await {
         return error.into_response();

@@ -132,7 +132,7 @@ async fn file(uri: Uri, headers: HeaderMap) -> Response {
         .find(|asset| asset.name == name && name != PAGE)
     {
         Some(asset) => asset.respond(&headers),
-        None => super::route_not_found().await.into_response(),
+        None => super::not_a_route().into_response(),
     }
 }
 

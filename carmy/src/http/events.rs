@@ -61,8 +61,8 @@ pub(crate) fn router(gate: &GateLayer, events: Arc<Events>) -> Router {
 /// the routes.
 async fn wrong_method(State(events): State<Arc<Events>>, request: Request) -> Response {
     match allowed(&events, &request) {
-        Ok(_) => super::method_not_allowed().await.into_response(),
-        Err(hidden) => hidden.into_response(),
+        Ok(_) => super::method_not_allowed(request).await,
+        Err(_) => super::route_not_found(request).await,
     }
 }
 

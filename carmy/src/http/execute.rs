@@ -9,7 +9,7 @@ use axum::extract::Request;
 use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use futures_util::future::{Either, ready};
 use futures_util::{FutureExt, Stream};
@@ -91,7 +91,7 @@ pub(crate) fn execute(
     let wanted = head.wanted;
     read_call(head, body, principal, catalog).then(move |call| match call {
         Ok(call) => Either::Left(answer(state, wanted, call, secured)),
-        Err(error) => Either::Right(ready(error.into_response())),
+        Err(error) => Either::Right(ready(super::error::answer(&error, secured))),
     })
 }
 

@@ -39,7 +39,7 @@ async fn expose(State(exposition): State<Exposition>, request: Request) -> Respo
     let extensions = request.extensions();
     let caller = Admitted::caller(extensions).map_or(TrustLevel::Anonymous, Principal::trust);
     if caller < Settings::of(extensions, &exposition.current).metrics_trust {
-        return super::route_not_found().await.into_response();
+        return super::route_not_found(request).await;
     }
     let format = negotiate(request.headers());
     let content_type = match format {

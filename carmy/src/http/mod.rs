@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
 
 use crate::principal::TrustLevel;
 use crate::reload::Reloader;
@@ -128,12 +129,21 @@ pub(crate) fn is_console(path: &str) -> bool {
 }
 
 /// The JSON 404 of carmy's paths, and of every path when carmy owns the server.
-pub(crate) async fn route_not_found() -> ToolError {
-    not_a_route()
+pub(crate) async fn route_not_found(request: axum::extract::Request) -> Response {
+    refusal(&request, not_a_route())
 }
 
 fn not_a_route() -> ToolError {
     ToolError::not_found(codes::ROUTE_NOT_FOUND, "no such route").recoverable(false)
+}
+
+/// The envelope of `error`, with the gate's headers copied from a map made once when the gate
+/// admitted `request` (whose snapshot says whether security headers are on).
+fn refusal(request: &axum::extract::Request, error: ToolError) -> Response {
+    match request.extensions().get::<crate::settings::Admitted>() {
+        Some(admitted) => error::answer(&error, admitted.settings.protection.security_headers),
+        None => error.into_response(),
+    }
 }
 
 /// Whether the caller may use a management route: `internal`, or holding `permission`.
@@ -223,7 +233,12 @@ async fn empty_body(body: axum::body::Body, what: &str) -> Result<(), ToolError>
     }
 }
 
-pub(crate) async fn method_not_allowed() -> ToolError {
+/// The JSON 405 of a route's other methods.
+pub(crate) async fn method_not_allowed(request: axum::extract::Request) -> Response {
+    refusal(&request, wrong_method())
+}
+
+fn wrong_method() -> ToolError {
     ToolError::validation(
         codes::METHOD_NOT_ALLOWED,
         "method not allowed on this route",

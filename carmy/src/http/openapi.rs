@@ -3,7 +3,7 @@
 //! that answers exactly as `/agent/execute` does.
 
 use axum::extract::{FromRequestParts, Path, Request, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::execute::{self, Caller, ExecuteState};
@@ -58,6 +58,6 @@ pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Reques
             let wanted = execute::Wanted::of(&parts.headers, present);
             execute::answer(state, wanted, call, secured).await
         }
-        Err(error) => error.into_response(),
+        Err(error) => super::error::answer(&error, secured),
     }
 }

@@ -11,7 +11,7 @@ mod redis;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request};
@@ -19,7 +19,7 @@ use axum::http::header::Entry;
 use axum::http::header::{AUTHORIZATION, ORIGIN};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures_util::FutureExt;
 use futures_util::future::Either;
 use serde_json::json;
@@ -67,17 +67,21 @@ static SECURITY_HEADERS: [(HeaderName, HeaderValue); 4] = [
     ),
 ];
 
-/// Renders a refusal in a transport's own error shape.
-type Refuse = fn(ToolError) -> Response;
+/// The gate's headers alone, for an answer that has none of its own.
+static GATE_HEADERS: LazyLock<AnswerHeaders> = LazyLock::new(|| AnswerHeaders::new(&[]));
+
+/// Renders a refusal in a transport's own error shape, under a configuration with (`true`) or
+/// without security headers.
+type Refuse = fn(ToolError, bool) -> Response;
 
 /// MCP's JSON-RPC error under `/mcp`, carmy/1's error envelope everywhere else.
 fn refusal_for(path: &str) -> Refuse {
     #[cfg(feature = "mcp")]
     if is_mcp(path) {
-        return |error| crate::mcp::refusal(&error);
+        return |error, _| crate::mcp::refusal(&error);
     }
     let _ = path;
-    <ToolError as IntoResponse>::into_response
+    |error, secured| crate::http::error::answer(&error, secured)
 }
 
 /// Whether `path` is MCP's, when MCP is served.
@@ -243,20 +247,28 @@ where
                 });
                 Either::Left(route(Request::from_parts(parts, body)))
             }
-            Err(error) => Either::Right(std::future::ready(refuse(error))),
+            Err(error) => Either::Right(std::future::ready(refuse(error, security_headers))),
         })
         .map(move |mut response| {
-            let headers = response.headers_mut();
-            // Every answer gets the version and, when they are on, the security headers; one
-            // started from `AnswerHeaders` has them all already, with the version first: seen
-            // without hashing the name to look it up.
-            let started_with_version = headers.keys().next() == Some(&CARMY_VERSION);
-            if !started_with_version && let Entry::Vacant(version) = headers.entry(&CARMY_VERSION) {
-                version.insert(SERVED_VERSION.clone());
-                add_security_headers(headers, security_headers);
-            }
+            add_gate_headers(response.headers_mut(), security_headers);
             response
         })
+}
+
+/// Every answer gets the version and, when they are on (`secured`), the security headers. One
+/// started from [`AnswerHeaders`] has them all already, with the version first: seen without
+/// hashing the name to look it up. One without a header of its own (a `204`) takes a copy of
+/// them made once. Any other gets them inserted.
+fn add_gate_headers(headers: &mut HeaderMap, secured: bool) {
+    if headers.keys().next() == Some(&CARMY_VERSION) {
+        return;
+    }
+    if headers.is_empty() {
+        *headers = GATE_HEADERS.answer(secured);
+    } else if let Entry::Vacant(version) = headers.entry(&CARMY_VERSION) {
+        version.insert(SERVED_VERSION.clone());
+        add_security_headers(headers, secured);
+    }
 }
 
 /// A route that set its own security header (the console's policy) keeps it.
@@ -396,6 +408,9 @@ pub(crate) fn cors_layer(current: Current) -> CorsLayer {
 
 #[cfg(test)]
 mod tests {
+    use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+    use axum::response::IntoResponse;
+
     use super::*;
 
     fn version(value: &'static str) -> Result<(), String> {
@@ -417,6 +432,106 @@ mod tests {
                 Err("INVALID_REQUEST".to_owned()),
                 "{garbage}"
             );
+        }
+    }
+
+    /// How the gate completed every answer before its headers were made once: the version,
+    /// then each security header the route had not set, inserted one by one.
+    fn inserted_one_by_one(headers: &mut HeaderMap, secured: bool) {
+        if let Entry::Vacant(version) = headers.entry(&CARMY_VERSION) {
+            version.insert(SERVED_VERSION.clone());
+            for (name, value) in SECURITY_HEADERS.iter().filter(|_| secured) {
+                headers.entry(name).or_insert_with(|| value.clone());
+            }
+        }
+    }
+
+    /// Each name with its values, in order; the names sorted, since their order means nothing.
+    fn sorted(headers: &HeaderMap) -> Vec<(String, Vec<HeaderValue>)> {
+        let mut named: Vec<(String, Vec<HeaderValue>)> = headers
+            .keys()
+            .map(|name| {
+                let values = headers.get_all(name).iter().cloned().collect();
+                (name.as_str().to_owned(), values)
+            })
+            .collect();
+        named.sort_by(|one, other| one.0.cmp(&other.0));
+        named
+    }
+
+    fn map(headers: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn the_gate_adds_the_headers_it_inserted_one_by_one() {
+        let answers = [
+            map(&[]),
+            map(&[
+                ("content-type", "application/json"),
+                ("cache-control", "no-store"),
+            ]),
+            // The console's own policy stays.
+            map(&[
+                ("content-type", "text/html"),
+                ("content-security-policy", "default-src 'self'"),
+                ("x-content-type-options", "nosniff"),
+            ]),
+            map(&[
+                ("vary", "Accept"),
+                ("vary", "Carmy-Channel"),
+                ("location", "/x"),
+            ]),
+            // A route's own version, not first, is left alone.
+            map(&[("content-type", "text/plain"), ("carmy-version", "1.0")]),
+            // One started from made headers is left as it is.
+            AnswerHeaders::new(&[(CONTENT_TYPE, HeaderValue::from_static("text/plain"))])
+                .answer(true),
+            AnswerHeaders::new(&[]).answer(false),
+        ];
+        for secured in [false, true] {
+            for answer in &answers {
+                let (mut made, mut inserted) = (answer.clone(), answer.clone());
+                add_gate_headers(&mut made, secured);
+                inserted_one_by_one(&mut inserted, secured);
+                assert_eq!(sorted(&made), sorted(&inserted), "{answer:?}, {secured}");
+                assert_eq!(made.len(), inserted.len());
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_envelope_from_made_headers_is_the_one_the_gate_completed() {
+        let errors = || {
+            [
+                ToolError::invalid_request("no"),
+                ToolError::capacity(codes::RATE_LIMITED, "too many requests; retry later")
+                    .retryable(std::time::Duration::from_millis(1500)),
+                auth::unauthenticated("the bearer token is not valid"),
+                ToolError::not_found(codes::ROUTE_NOT_FOUND, "no such route").recoverable(false),
+            ]
+        };
+        for secured in [false, true] {
+            for (made, completed) in errors().iter().zip(errors()) {
+                let made = crate::http::error::answer(made, secured);
+                let mut completed = completed.into_response();
+                add_gate_headers(completed.headers_mut(), secured);
+                assert_eq!(made.status(), completed.status());
+                let mut made_headers = made.headers().clone();
+                // hyper writes the length of a body that has none; the made answer sets it.
+                let length = made_headers.remove(CONTENT_LENGTH).expect("a length");
+                assert_eq!(sorted(&made_headers), sorted(completed.headers()));
+                assert_eq!(made.headers().keys().next(), Some(&CARMY_VERSION));
+                let made = crate::http::whole_body(made.into_body()).await.unwrap();
+                let completed = crate::http::whole_body(completed.into_body()).await;
+                let completed = completed.unwrap();
+                assert_eq!(made, completed);
+                assert_eq!(length, HeaderValue::from(made.len()));
+            }
         }
     }
 
