@@ -33,7 +33,7 @@ use crate::app::App;
 use crate::context::{Principal, Requester};
 use crate::error::Error;
 use crate::executions::{CANCEL_SETTLES_WITHIN, Cancelled};
-use crate::idempotency::ExecutionStatus;
+use crate::status::ExecutionStatus;
 use crate::runtime::{self, Answer, Call, Delivery, Outcome, Runtime};
 use crate::settings::Current;
 

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::SigningSecret;
 use super::signature::sign;
 use super::ssrf::{self, AllowedNetworks, Refusal};
-use crate::idempotency::tls;
+use crate::tls;
 
 /// How much of a response body is read: receivers answer with a status, and one answering
 /// endlessly must not hold an attempt (or memory).

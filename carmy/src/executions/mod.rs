@@ -19,7 +19,8 @@ use crate::idempotency::{
     IdempotencyStore, StoreError,
 };
 use crate::principal::{Principal, TrustLevel};
-use crate::runtime::{ExecutionStatus, STARTED_EVENT_ID, response};
+use crate::runtime::{STARTED_EVENT_ID, response};
+use crate::status::ExecutionStatus;
 use crate::tool_error::ToolError;
 use crate::wire::codes;
 

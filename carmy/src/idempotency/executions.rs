@@ -14,7 +14,8 @@ use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{ExecutionStatus, StoreError, StoredResponse};
+use super::{StoreError, StoredResponse};
+use crate::status::ExecutionStatus;
 
 /// Progress events kept per execution: the latest ones (older progress is dropped; the start
 /// and the end are always kept).

@@ -24,7 +24,7 @@ use super::{
     ProcessExecutions, RecordedEvent, RecordedOutcome, Reservation, StoreError, StoredResponse,
     StoredSubscription,
 };
-use crate::runtime::ExecutionStatus;
+use crate::status::ExecutionStatus;
 use crate::tool_error::Category;
 
 /// Records kept by default before the oldest finished ones are evicted.
@@ -819,7 +819,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::runtime::ExecutionStatus;
+    use crate::status::ExecutionStatus;
 
     /// Reserves and finishes `request_id` as `caller`.
     fn record(store: &MemoryStore, caller: &str, request_id: &str) {

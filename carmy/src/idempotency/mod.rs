@@ -23,8 +23,6 @@ mod postgres;
 pub(crate) mod record;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
-#[cfg(any(feature = "postgres", feature = "redis", feature = "events"))]
-pub(crate) mod tls;
 
 use std::fmt;
 use std::sync::Arc;
@@ -51,7 +49,7 @@ pub use postgres::PostgresStore;
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 
-pub use crate::runtime::ExecutionStatus;
+use crate::status::ExecutionStatus;
 use crate::tool_error::Category;
 
 /// Who asked and with which `request_id`: records are kept per caller.

@@ -17,7 +17,7 @@ use tokio_util::task::AbortOnDropHandle;
 use super::announcements::{AnnouncedIds, Announcements};
 use super::options::take_params;
 use super::record::{Cleanup, Found, Stored, reserve_within, within};
-use super::tls;
+use crate::tls;
 use super::{
     AfterAttempt, Cancellation, ClaimedDelivery, DeliveryAttempt, ExecutionQuery, ExecutionRecord,
     ExecutionState, ExecutionSummary, Fingerprint, Finish, IdempotencyKey, IdempotencyStore,

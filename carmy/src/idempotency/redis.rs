@@ -352,7 +352,7 @@ fn client(url: &str, options: &StoreOptions) -> Result<redis::Client, StoreError
     if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
         return redis::Client::open(info).map_err(failed);
     }
-    super::tls::provider();
+    crate::tls::provider();
     let root_cert =
         (!options.root_certificates.is_empty()).then(|| options.root_certificates.clone());
     redis::Client::build_with_tls(

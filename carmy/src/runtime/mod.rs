@@ -8,7 +8,6 @@ mod fingerprint;
 mod in_flight;
 mod repeated;
 pub(crate) mod response;
-mod status;
 pub(crate) mod validation;
 
 use std::collections::HashMap;
@@ -46,7 +45,7 @@ use crate::wire::codes;
 use in_flight::{InFlight, Slot};
 use repeated::Repeated;
 use response::NextAction;
-pub use status::ExecutionStatus;
+pub(crate) use crate::status::ExecutionStatus;
 
 /// How the runtime is tuned; set through the [`App`](crate::App) builder.
 #[derive(Debug, Clone)]

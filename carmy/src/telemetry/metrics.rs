@@ -20,7 +20,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::principal::TrustLevel;
 use crate::reload::Reloads;
-use crate::runtime::ExecutionStatus;
+use crate::status::ExecutionStatus;
 
 /// The bucket boundaries (seconds) the semantic conventions advise for
 /// `http.server.request.duration`.
