@@ -468,7 +468,7 @@ impl App {
                 self.settings.metrics = enabled;
             }
         }
-        serve::check_body_timeout(self.http.body_timeout)?;
+        crate::config::check_body_timeout(self.http.body_timeout)?;
         let http = self.http.clone();
         let routes = self.routes.take();
         #[cfg(feature = "mcp")]

@@ -32,9 +32,9 @@ mod settings;
 mod state;
 mod status;
 mod telemetry;
+pub mod testing;
 #[cfg(any(feature = "postgres", feature = "redis", feature = "events"))]
 mod tls;
-pub mod testing;
 mod tool;
 mod tool_error;
 mod wire;
@@ -46,10 +46,10 @@ pub use context::{Context, Requester};
 pub use error::Error;
 pub use health::Health;
 pub use principal::{Principal, TrustLevel};
-pub use status::ExecutionStatus;
 pub use schema_trait::*;
 pub use serve::{Server, shutdown_signal};
 pub use state::State;
+pub use status::ExecutionStatus;
 /// OTLP export of carmy's spans.
 #[cfg(feature = "otel")]
 pub use telemetry::otel;

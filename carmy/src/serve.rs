@@ -32,30 +32,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::{MAX_HEAD_TIMEOUT, MAX_IDLE_TIMEOUT, ServerConfig, check_timeout};
 use crate::error::Error;
 use crate::runtime::Runtime;
 
-/// The longest head timeout accepted: a slow head holds a connection slot.
-const MAX_HEAD_TIMEOUT: Duration = Duration::from_secs(15);
-/// The longest body timeout accepted.
-pub(crate) const MAX_BODY_TIMEOUT: Duration = Duration::from_secs(30);
-/// The longest idle timeout accepted.
-const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 /// After the grace period, how long cancelled executions have to send their answers before
 /// every connection is closed.
 const CLOSE_MARGIN: Duration = Duration::from_secs(1);
-
-/// The `[server]` table of `carmy.toml`: what is set replaces the builder's value.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct ServerConfig {
-    pub(crate) head_timeout: Option<Duration>,
-    /// Applied to the router (the gate's body deadline), not to the connections.
-    pub(crate) body_timeout: Option<Duration>,
-    pub(crate) idle_timeout: Option<Duration>,
-    pub(crate) max_connections: Option<usize>,
-    pub(crate) shutdown_grace: Option<Duration>,
-    pub(crate) drain_delay: Option<Duration>,
-}
 
 /// Serves a router over HTTP/1 and HTTP/2 with the limits a public server needs, which a plain
 /// `axum::serve` lacks: a deadline for each request head (also for a connection that sends
@@ -283,21 +266,6 @@ impl Server {
         builder.http1().header_read_timeout(None);
         builder
     }
-}
-
-fn check_timeout(key: &str, timeout: Duration, max: Duration) -> Result<(), Error> {
-    if timeout.is_zero() || timeout > max {
-        return Err(Error::Config(format!(
-            "`{key}` must be more than 0 and at most {} s",
-            max.as_secs()
-        )));
-    }
-    Ok(())
-}
-
-/// Refuses a body timeout of zero or above 30 s.
-pub(crate) fn check_body_timeout(timeout: Duration) -> Result<(), Error> {
-    check_timeout("body_timeout", timeout, MAX_BODY_TIMEOUT)
 }
 
 /// Three quarters of the file-descriptor limit: each connection holds one, and the process
@@ -665,8 +633,8 @@ mod tests {
                 .is_err()
         );
         assert!(Server::new().max_connections(0).check().is_err());
-        assert!(check_body_timeout(Duration::from_secs(31)).is_err());
-        assert!(check_body_timeout(Duration::from_secs(30)).is_ok());
+        assert!(crate::config::check_body_timeout(Duration::from_secs(31)).is_err());
+        assert!(crate::config::check_body_timeout(Duration::from_secs(30)).is_ok());
     }
 
     #[cfg(unix)]

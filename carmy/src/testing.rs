@@ -33,9 +33,9 @@ use crate::app::App;
 use crate::context::{Principal, Requester};
 use crate::error::Error;
 use crate::executions::{CANCEL_SETTLES_WITHIN, Cancelled};
-use crate::status::ExecutionStatus;
 use crate::runtime::{self, Answer, Call, Delivery, Outcome, Runtime};
 use crate::settings::Current;
+use crate::status::ExecutionStatus;
 
 /// Calls an app's tools in-process.
 #[derive(Debug, Clone)]

@@ -60,7 +60,7 @@ impl Default for HttpSettings {
     fn default() -> Self {
         HttpSettings {
             keep_alive: Duration::from_secs(15),
-            body_timeout: crate::serve::MAX_BODY_TIMEOUT,
+            body_timeout: crate::config::MAX_BODY_TIMEOUT,
             metrics_trust: TrustLevel::Anonymous,
         }
     }

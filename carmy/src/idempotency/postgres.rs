@@ -17,13 +17,13 @@ use tokio_util::task::AbortOnDropHandle;
 use super::announcements::{AnnouncedIds, Announcements};
 use super::options::take_params;
 use super::record::{Cleanup, Found, Stored, reserve_within, within};
-use crate::tls;
 use super::{
     AfterAttempt, Cancellation, ClaimedDelivery, DeliveryAttempt, ExecutionQuery, ExecutionRecord,
     ExecutionState, ExecutionSummary, Fingerprint, Finish, IdempotencyKey, IdempotencyStore,
     KEPT_ATTEMPTS, KEPT_PROGRESS, OutboxEvent, RecordedEvent, RecordedOutcome, Reservation,
     StoreError, StoreOptions, StoredSubscription,
 };
+use crate::tls;
 
 /// The schema, one versioned step at a time; applied steps are listed in
 /// `carmy_idempotency_migrations`. Append, never edit.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::status::ExecutionStatus;
 use super::{Fingerprint, Finish, Reservation, StoreError, StoredResponse};
+use crate::status::ExecutionStatus;
 use crate::tool_error::Category;
 
 pub(crate) const RUNNING: &str = "running";

@@ -38,6 +38,7 @@ use crate::idempotency::{
 use crate::principal::{Principal, TrustLevel};
 use crate::reload::Reloads;
 use crate::state::StateMap;
+pub(crate) use crate::status::ExecutionStatus;
 use crate::telemetry::{self, Active, Metrics};
 use crate::tool::{CallFuture, Confirmation, Invocation, Mode, ToolDescriptor};
 use crate::tool_error::{Category, ToolError, clip};
@@ -45,7 +46,6 @@ use crate::wire::codes;
 use in_flight::{InFlight, Slot};
 use repeated::Repeated;
 use response::NextAction;
-pub(crate) use crate::status::ExecutionStatus;
 
 /// How the runtime is tuned; set through the [`App`](crate::App) builder.
 #[derive(Debug, Clone)]
