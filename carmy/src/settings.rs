@@ -100,7 +100,8 @@ impl Settings {
     /// MCP's tool list for callers trusted at `trust`.
     #[cfg(feature = "mcp")]
     pub(crate) fn mcp_tools(&self, trust: TrustLevel) -> &[rmcp::model::Tool] {
-        self.mcp_tools[trust.index()].get_or_init(|| crate::mcp::tools::list(&self.catalog, trust))
+        self.mcp_tools[trust.index()]
+            .get_or_init(|| crate::catalog::mcp::list(&self.catalog, trust))
     }
 
     /// `tools_version` of each trust level's catalog, indexed by [`TrustLevel::index`].

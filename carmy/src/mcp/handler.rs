@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::sessions::Opening;
-use super::tools::{self, LIST_TTL_MS};
+use crate::catalog::mcp::{self as tools, LIST_TTL_MS};
 use crate::context::{Event, EventReceiver, Requester, event_channel};
 use crate::executions::{self, RETRY_AFTER};
 use crate::idempotency::Cancellation;

@@ -12,7 +12,6 @@ mod direct;
 mod handler;
 mod manager;
 mod sessions;
-pub(crate) mod tools;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The tools an app serves, checked once at start-up; `carmy.toml`'s per-tool
 //! overrides (`[tools.NAME]`) derive a new catalog from it on every reload, sharing the
 //! compiled parts. Also their definitions in the shapes model providers take
-//! ([`tool_definitions`]).
+//! ([`tool_definitions`]), and MCP's tool list.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
@@ -17,6 +17,8 @@ use crate::schema;
 use crate::state::StateMap;
 use crate::tool::ToolDescriptor;
 
+#[cfg(feature = "mcp")]
+pub(crate) mod mcp;
 mod providers;
 
 pub(crate) use providers::define;
