@@ -487,7 +487,6 @@ impl App {
             started.reloader,
             current,
             &http,
-            cfg!(feature = "mcp"),
             #[cfg(feature = "events")]
             Arc::clone(&started.events),
         );

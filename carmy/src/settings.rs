@@ -9,15 +9,13 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use axum::http::Extensions;
-use axum::http::request::Parts;
 
 use crate::auth::Authentication;
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::error::Error;
 use crate::http::{Documents, Features};
-use crate::principal::{Principal, TrustLevel};
+use crate::principal::TrustLevel;
 use crate::protection::Protection;
 use crate::runtime;
 
@@ -48,55 +46,7 @@ impl std::fmt::Debug for Settings {
     }
 }
 
-/// What the protection gate attaches to a request it admits: the configuration snapshot the
-/// request is served under, its caller, and which of the headers carmy reads it carries. One
-/// extension rather than several: each is an entry of its own, boxed, in the request's
-/// extension map.
-#[derive(Clone)]
-pub(crate) struct Admitted {
-    pub(crate) settings: Arc<Settings>,
-    pub(crate) principal: Principal,
-    pub(crate) present: crate::http::Present,
-}
-
-impl Admitted {
-    /// The caller the gate admitted, if `request` passed the gate.
-    pub(crate) fn caller(request: &Extensions) -> Option<&Principal> {
-        request
-            .get::<Admitted>()
-            .map(|admitted| &admitted.principal)
-    }
-
-    /// The caller the gate admitted, anonymous for a request that did not pass it.
-    pub(crate) fn caller_or_anonymous(request: &Extensions) -> Principal {
-        Self::caller(request).cloned().unwrap_or_default()
-    }
-
-    /// What the gate attached to a request, taken out of it for a route that owns it from
-    /// then on (one lookup, nothing cloned); for a request that did not pass the gate, the
-    /// configuration in force, an anonymous caller and the headers found now.
-    pub(crate) fn take(parts: &mut Parts, current: &Current) -> Admitted {
-        parts
-            .extensions
-            .remove::<Admitted>()
-            .unwrap_or_else(|| Admitted {
-                settings: current.load_full(),
-                principal: Principal::default(),
-                present: crate::http::Present::of(&parts.headers),
-            })
-    }
-}
-
 impl Settings {
-    /// The snapshot the gate attached to a request, else the one in force (a request that did
-    /// not pass the gate, as on MCP's stdio).
-    pub(crate) fn of(request: &Extensions, current: &Current) -> Arc<Settings> {
-        request.get::<Admitted>().map_or_else(
-            || current.load_full(),
-            |admitted| Arc::clone(&admitted.settings),
-        )
-    }
-
     /// MCP's tool list for callers trusted at `trust`.
     #[cfg(feature = "mcp")]
     pub(crate) fn mcp_tools(&self, trust: TrustLevel) -> &[rmcp::model::Tool] {

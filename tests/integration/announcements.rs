@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use carmy::ExecutionStatus;
 use carmy::idempotency::{
-    Cancellation, ExecutionStatus, IdempotencyStore, RecordedEvent, RecordedOutcome, StoreOptions,
-    StoredResponse,
+    Cancellation, IdempotencyStore, RecordedEvent, RecordedOutcome, StoreOptions, StoredResponse,
 };
 use carmy_tests::{Proxy, run_id, server_url};
 

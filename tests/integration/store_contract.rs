@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use carmy::Category;
+use carmy::ExecutionStatus;
 use carmy::idempotency::{
-    Cancellation, ExecutionQuery, ExecutionState, ExecutionStatus, FileStore, Fingerprint, Finish,
-    IdempotencyKey, IdempotencyStore, MemoryStore, PostgresStore, RecordedEvent, RecordedOutcome,
-    RedisStore, Reservation, StoredResponse,
+    Cancellation, ExecutionQuery, ExecutionState, FileStore, Fingerprint, Finish, IdempotencyKey,
+    IdempotencyStore, MemoryStore, PostgresStore, RecordedEvent, RecordedOutcome, RedisStore,
+    Reservation, StoredResponse,
 };
 use carmy_tests::{run_id, server_url};
 

@@ -28,7 +28,7 @@ async fn round_trip(store: &dyn IdempotencyStore, name: &str) {
     ));
     let response = carmy::idempotency::StoredResponse {
         execution_id: execution_id.clone(),
-        status: carmy::idempotency::ExecutionStatus::Completed,
+        status: carmy::ExecutionStatus::Completed,
         category: None,
         code: None,
         body: bytes::Bytes::from_static(b"{}"),

@@ -142,12 +142,12 @@ async fn file(uri: Uri, headers: HeaderMap) -> Response {
 const SESSION: &str = "session";
 
 async fn session(request: axum::extract::Request) -> Response {
-    let caller = crate::settings::Admitted::caller_or_anonymous(request.extensions());
+    let caller = super::Admitted::caller_or_anonymous(request.extensions());
     let identified = caller.trust() != crate::principal::TrustLevel::Anonymous;
     #[cfg(feature = "events")]
     let manage_events = request
         .extensions()
-        .get::<crate::settings::Admitted>()
+        .get::<super::Admitted>()
         .is_some_and(|admitted| admitted.settings.events.is_some())
         && super::may_manage(&request, super::events::MANAGE_EVENTS);
     #[cfg(not(feature = "events"))]

@@ -22,15 +22,16 @@ use sha2::{Digest, Sha256};
 
 use super::Present;
 use super::requester::{VARY_REQUESTER, requester};
+use super::{Admitted, settings_of};
 use crate::auth::hex;
 use crate::catalog::{self, Catalog, Lossy, Provider, ToolDefinition};
 use crate::context::Requester;
 use crate::openapi;
 use crate::principal::{Principal, TrustLevel};
-use crate::protection::AnswerHeaders;
-use crate::settings::{Admitted, Current, Settings};
+use crate::settings::Current;
 use crate::tool::{Confirmation, Effect, Mode};
 use crate::tool_error::ToolError;
+use crate::wire::headers::AnswerHeaders;
 use crate::wire::{JSON, NO_STORE, paths};
 
 const PROTOCOL: &str = "carmy/1";
@@ -433,7 +434,7 @@ pub(super) fn etag_of(body: &[u8]) -> HeaderValue {
 /// The discovery document; with the console served, a person is sent to it instead
 /// (`protocol.md` §10), and both answers say they vary by who asks.
 pub(crate) async fn discovery(current: Current, request: Request) -> Response {
-    let settings = Settings::of(request.extensions(), &current);
+    let settings = settings_of(request.extensions(), &current);
     let (documents, secured) = (&settings.documents, settings.protection.security_headers);
     if !documents.console {
         return documents
@@ -465,7 +466,7 @@ pub(crate) async fn discovery(current: Current, request: Request) -> Response {
 
 /// The catalog, or with `?format=` the provider definitions; an unknown format is a `400`.
 pub(crate) async fn catalog(current: Current, request: Request) -> Response {
-    let settings = Settings::of(request.extensions(), &current);
+    let settings = settings_of(request.extensions(), &current);
     let level = settings.documents.for_caller(request.extensions());
     let document = match requested_format(request.uri()) {
         Ok(None) => &level.listing().catalog,

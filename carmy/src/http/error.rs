@@ -10,8 +10,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::protection::AnswerHeaders;
 use crate::tool_error::{Category, ToolError, retry_after_secs};
+use crate::wire::headers::AnswerHeaders;
 use crate::wire::{BEARER_CHALLENGE, JSON, NO_STORE, codes};
 
 /// The status an error is answered with: the category's, except for codes HTTP has a more

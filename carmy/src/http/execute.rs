@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::Admitted;
 use super::error::status_for;
 use super::requester::requester;
 use super::sse;
@@ -29,10 +30,10 @@ use crate::catalog::Catalog;
 use crate::context::{Event, EventReceiver, Requester, event_channel};
 use crate::executions::running_body;
 use crate::principal::Principal;
-use crate::protection::AnswerHeaders;
 use crate::runtime::{self, Accepted, Answer, Call, Delivery, Outcome, Runtime, response};
-use crate::settings::{Admitted, Current};
+use crate::settings::Current;
 use crate::tool_error::{ToolError, clip, retry_after_secs};
+use crate::wire::headers::AnswerHeaders;
 use crate::wire::paths;
 use crate::wire::{
     CARMY_REPLAYED, IDEMPOTENCY_KEY, JSON, NO_STORE, PREFER, PREFERENCE_APPLIED, RESPOND_ASYNC,

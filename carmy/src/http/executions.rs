@@ -14,6 +14,7 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::json;
 
+use super::Admitted;
 use super::sse;
 use super::{GateLayer, bad_parameter};
 use crate::executions::{
@@ -21,7 +22,6 @@ use crate::executions::{
     RETRY_AFTER as RUNNING_RETRY_AFTER,
 };
 use crate::idempotency::{ExecutionQuery, ExecutionState};
-use crate::settings::Admitted;
 use crate::tool_error::{ToolError, clip, retry_after_secs};
 use crate::wire::paths;
 use crate::wire::{JSON, LAST_EVENT_ID, NO_STORE, codes};

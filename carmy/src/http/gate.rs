@@ -27,8 +27,8 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_http::cors::CorsLayer;
 use tracing::Instrument;
 
+use super::admission::{self, Admission};
 use super::{Known, Present};
-use crate::protection;
 use crate::settings::Current;
 use crate::telemetry::{self, Metrics, TraceParent};
 
@@ -42,6 +42,8 @@ pub(crate) struct GateLayer {
 
 struct Shared {
     current: Current,
+    /// How the routes behind this gate are admitted, and their refusals rendered.
+    admission: Admission,
     /// `None` while metrics are off.
     metrics: Option<Arc<Metrics>>,
     /// How long a request body may take to arrive, from the end of its head.
@@ -58,9 +60,31 @@ impl GateLayer {
         GateLayer {
             shared: Arc::new(Shared {
                 current: Arc::clone(current),
+                admission: Admission::CARMY,
                 metrics,
                 body_timeout,
-                cors: protection::cors_layer(Arc::clone(current)),
+                cors: admission::cors_layer(Arc::clone(current)),
+            }),
+        }
+    }
+
+    /// The same gate for another transport's routes, admitted as `admission` says.
+    #[cfg(feature = "mcp")]
+    pub(crate) fn for_transport(&self, admission: Admission) -> Self {
+        let Shared {
+            current,
+            admission: _,
+            metrics,
+            body_timeout,
+            cors,
+        } = &*self.shared;
+        GateLayer {
+            shared: Arc::new(Shared {
+                current: Arc::clone(current),
+                admission,
+                metrics: metrics.clone(),
+                body_timeout: *body_timeout,
+                cors: cors.clone(),
             }),
         }
     }
@@ -269,7 +293,15 @@ impl Shared {
                 .call(request)
                 .map(|answered| answered.unwrap_or_else(|never| match never {}))
         };
-        let guarded = protection::guard(&self.current, parts, body, present, started, routed);
+        let guarded = admission::guard(
+            &self.current,
+            self.admission,
+            parts,
+            body,
+            present,
+            started,
+            routed,
+        );
         let answering = Answering::begin(self);
         guarded.instrument(span.clone()).map(move |response| {
             let status = response.status().as_u16();

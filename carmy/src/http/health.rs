@@ -10,10 +10,10 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use super::Admitted;
 use super::GateLayer;
 use crate::context::TrustLevel;
 use crate::health::{CheckStatus, Health};
-use crate::settings::Admitted;
 use crate::wire::paths;
 
 static HEALTH_JSON: HeaderValue = HeaderValue::from_static("application/health+json");

@@ -10,8 +10,9 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
 use super::GateLayer;
+use super::{Admitted, settings_of};
 use crate::principal::{Principal, TrustLevel};
-use crate::settings::{Admitted, Current, Settings};
+use crate::settings::Current;
 use crate::telemetry::{Format, Metrics};
 use crate::wire::NO_STORE;
 
@@ -38,7 +39,7 @@ pub(crate) fn router(gate: &GateLayer, metrics: Arc<Metrics>, current: Current) 
 async fn expose(State(exposition): State<Exposition>, request: Request) -> Response {
     let extensions = request.extensions();
     let caller = Admitted::caller(extensions).map_or(TrustLevel::Anonymous, Principal::trust);
-    if caller < Settings::of(extensions, &exposition.current).metrics_trust {
+    if caller < settings_of(extensions, &exposition.current).metrics_trust {
         return super::route_not_found(request).await;
     }
     let format = negotiate(request.headers());

@@ -3,6 +3,8 @@
 
 mod accept;
 mod admin;
+mod admission;
+mod admitted;
 #[cfg(feature = "console")]
 pub(crate) mod console;
 mod documents;
@@ -15,6 +17,7 @@ mod gate;
 mod health;
 mod metrics;
 mod openapi;
+pub(crate) mod origin;
 mod present;
 mod requester;
 mod sse;
@@ -33,6 +36,9 @@ use crate::settings::Current;
 use crate::tool_error::{Category, ToolError};
 use crate::wire::{codes, paths};
 
+#[cfg(feature = "mcp")]
+pub(crate) use admission::Admission;
+pub(crate) use admitted::{Admitted, settings_of};
 pub(crate) use documents::{Documents, Features};
 pub(crate) use gate::GateLayer;
 pub(crate) use health::is_probe;
@@ -69,14 +75,12 @@ impl Default for HttpSettings {
 /// The routes of protocol.md, each behind `gate`, with JSON answers for unknown routes and
 /// methods under carmy's own paths only, so that the router merges into a host's that has its
 /// own fallback. Each route serves the configuration snapshot the gate attached to its request.
-/// `mcp`: whether the app also serves MCP.
 pub(crate) fn router(
     gate: &GateLayer,
     runtime: Arc<Runtime>,
     reloader: Arc<Reloader>,
     current: &Current,
     settings: &HttpSettings,
-    mcp: bool,
     #[cfg(feature = "events")] events: Arc<crate::events::Events>,
 ) -> Router {
     let health = health::router(gate, runtime.health().clone());
@@ -113,10 +117,7 @@ pub(crate) fn router(
     let router = router.merge(events::router(gate, events));
     #[cfg(feature = "console")]
     let router = router.merge(console::router(gate));
-    let mut owned = vec!["/agent", "/agent/{*rest}", "/.well-known/agent/{*rest}"];
-    if mcp {
-        owned.push("/mcp/{*rest}");
-    }
+    let owned = ["/agent", "/agent/{*rest}", "/.well-known/agent/{*rest}"];
     let not_found = gate.endpoints(());
     owned.into_iter().fold(router, |router, path| {
         router.route(path, not_found.any(route_not_found))
@@ -140,7 +141,7 @@ fn not_a_route() -> ToolError {
 /// The envelope of `error`, with the gate's headers copied from a map made once when the gate
 /// admitted `request` (whose snapshot says whether security headers are on).
 fn refusal(request: &axum::extract::Request, error: ToolError) -> Response {
-    match request.extensions().get::<crate::settings::Admitted>() {
+    match request.extensions().get::<Admitted>() {
         Some(admitted) => error::answer(&error, admitted.settings.protection.security_headers),
         None => error.into_response(),
     }
@@ -149,7 +150,7 @@ fn refusal(request: &axum::extract::Request, error: ToolError) -> Response {
 /// Whether the caller may use a management route: `internal`, or holding `permission`.
 /// Anyone else gets the unknown route's `404`, so the route reveals nothing.
 fn may_manage(request: &axum::extract::Request, permission: &str) -> bool {
-    crate::settings::Admitted::caller(request.extensions()).is_some_and(|caller| {
+    Admitted::caller(request.extensions()).is_some_and(|caller| {
         caller.trust() == TrustLevel::Internal || caller.has_permission(permission)
     })
 }

@@ -8,12 +8,13 @@ use serde_json::{Value, json};
 
 use super::execute::{self, Caller, ExecuteState};
 use super::requester::requester;
+use super::settings_of;
 use crate::runtime::{self, Call};
-use crate::settings::{Current, Settings};
+use crate::settings::Current;
 use crate::tool_error::ToolError;
 
 pub(crate) async fn document(current: Current, request: Request) -> Response {
-    let settings = Settings::of(request.extensions(), &current);
+    let settings = settings_of(request.extensions(), &current);
     settings
         .documents
         .for_caller(request.extensions())

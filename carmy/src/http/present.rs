@@ -4,7 +4,7 @@
 
 use axum::http::{Extensions, HeaderMap};
 
-use crate::settings::Admitted;
+use super::Admitted;
 
 /// A request header that carmy reads, in the routes or at the gate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -26,10 +26,11 @@ use super::sessions::Opening;
 use crate::catalog::mcp::{self as tools, LIST_TTL_MS};
 use crate::context::{Event, EventReceiver, Requester, event_channel};
 use crate::executions::{self, RETRY_AFTER};
+use crate::http::{Admitted, settings_of};
 use crate::idempotency::Cancellation;
 use crate::principal::Principal;
 use crate::runtime::{self, Answer, Call, Delivery, Outcome, Runtime};
-use crate::settings::{Admitted, Current, Settings};
+use crate::settings::{Current, Settings};
 use crate::status::ExecutionStatus;
 use crate::telemetry::{self, TraceParent};
 use crate::tool_error::ToolError;
@@ -122,7 +123,7 @@ impl McpHandler {
     fn caller_of(&self, extensions: &Extensions) -> (Principal, Arc<Settings>) {
         (
             Admitted::caller_or_anonymous(extensions),
-            Settings::of(extensions, &self.shared.current),
+            settings_of(extensions, &self.shared.current),
         )
     }
 

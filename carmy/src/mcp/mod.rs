@@ -40,11 +40,11 @@ use self::manager::Manager;
 pub(crate) use self::sessions::SessionLimits;
 use self::sessions::{Access, Full, Opening, Owner, Sessions};
 use crate::error::Error;
-use crate::http::GateLayer;
+use crate::http::Admitted;
 use crate::http::error::{retry_after_header, status_of};
+use crate::http::origin;
+use crate::http::{Admission, GateLayer};
 use crate::principal::Principal;
-use crate::protection::origin;
-use crate::settings::Admitted;
 use crate::tool_error::ToolError;
 use crate::wire::paths;
 use crate::wire::{BEARER_CHALLENGE, JSON, NO_STORE, codes};
@@ -109,7 +109,17 @@ pub(crate) fn router(
         let endpoint = Arc::clone(&endpoint);
         async move { Ok::<_, Infallible>(admit(request, &endpoint).await) }
     });
-    Router::new().route_service(paths::MCP, gate.layer(admitted))
+    // Refusals are JSON-RPC errors here, and MCP checks browser origins by its own rule.
+    let gate = gate.for_transport(Admission {
+        refuse: |error, _| refusal(&error),
+        same_origin: false,
+    });
+    Router::new()
+        .route_service(paths::MCP, gate.layer(admitted))
+        .route(
+            "/mcp/{*rest}",
+            gate.endpoints(()).any(crate::http::route_not_found),
+        )
 }
 
 /// What serves `/mcp`: the SDK, and the handler for the calls answered directly.

@@ -18,9 +18,9 @@ use rmcp::model::RequestId;
 use rmcp::transport::streamable_http_server::session::local::SessionConfig;
 use tokio_util::sync::CancellationToken;
 
+use crate::http::Admitted;
 use crate::principal::Principal;
 use crate::protection::RateKey;
-use crate::settings::Admitted;
 
 /// How many sessions may be open at once, and for how long one may be idle.
 #[derive(Debug, Clone, Copy)]

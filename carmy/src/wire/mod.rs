@@ -2,6 +2,8 @@
 
 use axum::http::{HeaderName, HeaderValue};
 
+pub(crate) mod headers;
+
 /// Codes carmy itself produces (`protocol.md` §4, README "Errors"). Tools choose their own.
 pub(crate) mod codes {
     pub(crate) const INVALID_REQUEST: &str = "INVALID_REQUEST";
