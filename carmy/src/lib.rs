@@ -13,6 +13,7 @@ pub mod console {
     pub use crate::http::console::page;
 }
 mod context;
+mod documents;
 mod error;
 pub mod events;
 mod executions;
@@ -21,7 +22,7 @@ mod http;
 pub mod idempotency;
 #[cfg(feature = "mcp")]
 mod mcp;
-mod openapi;
+
 mod principal;
 pub mod protection;
 pub mod reload;

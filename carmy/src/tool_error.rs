@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
+use axum::http::StatusCode;
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 use serde_json::Value;
@@ -424,6 +425,37 @@ pub(crate) struct Violation {
 
 /// How much of a value, a name or a message an error echoes, in bytes.
 pub(crate) const MAX_ECHO: usize = 256;
+
+/// The status an error is answered with (`protocol.md` §4's table, a courtesy to generic HTTP
+/// clients): the category's, except for codes HTTP has a more precise status for.
+pub(crate) fn status_of(error: &ToolError) -> StatusCode {
+    status_for(Some(error.category()), Some(error.code()))
+}
+
+/// The status of an answer: `200` without an error, else by category and code.
+pub(crate) fn status_for(category: Option<Category>, code: Option<&str>) -> StatusCode {
+    match code {
+        Some(crate::wire::codes::PAYLOAD_TOO_LARGE) => return StatusCode::PAYLOAD_TOO_LARGE,
+        Some(crate::wire::codes::METHOD_NOT_ALLOWED) => return StatusCode::METHOD_NOT_ALLOWED,
+        Some(crate::wire::codes::UNAUTHENTICATED) => return StatusCode::UNAUTHORIZED,
+        Some(crate::wire::codes::RATE_LIMITED) => return StatusCode::TOO_MANY_REQUESTS,
+        Some(crate::wire::codes::UNSUPPORTED_VERSION) => return StatusCode::NOT_ACCEPTABLE,
+        _ => {}
+    }
+    let Some(category) = category else {
+        return StatusCode::OK;
+    };
+    match category {
+        Category::Validation => StatusCode::BAD_REQUEST,
+        Category::Permission => StatusCode::FORBIDDEN,
+        Category::NotFound => StatusCode::NOT_FOUND,
+        Category::Conflict => StatusCode::CONFLICT,
+        Category::Cancelled => StatusCode::REQUEST_TIMEOUT,
+        Category::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        Category::Capacity => StatusCode::SERVICE_UNAVAILABLE,
+        Category::Timeout => StatusCode::GATEWAY_TIMEOUT,
+    }
+}
 
 /// `text`, cut at [`MAX_ECHO`] bytes (on a character boundary) with `…` when longer.
 pub(crate) fn clip(text: &str) -> String {

@@ -26,10 +26,6 @@ use crate::wire::codes;
 
 pub(crate) use time::created_at;
 
-/// The most executions one page of the list holds.
-pub(crate) const MAX_PAGE: usize = 100;
-/// A page's size when the caller does not say.
-pub(crate) const DEFAULT_PAGE: usize = 20;
 /// When to look again at a running execution, in the `Retry-After` of its answers.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How long a cancellation waits for the execution to end, to say whether it took effect: the

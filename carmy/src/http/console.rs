@@ -16,7 +16,8 @@ use bytes::Bytes;
 use tower::Layer;
 
 use super::GateLayer;
-use super::documents::{conditional, etag_of};
+use super::documents::conditional;
+use crate::documents::etag_of;
 use crate::wire::paths::CONSOLE as CONSOLE_URL;
 
 /// Scripts, styles, images and requests from the console's own origin only: no inline script,

@@ -6,44 +6,14 @@ use axum::body::Body;
 use axum::http::header::{
     CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
 };
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::tool_error::{Category, ToolError, retry_after_secs};
+use crate::tool_error::{ToolError, retry_after_secs};
+pub(crate) use crate::tool_error::{status_for, status_of};
 use crate::wire::headers::AnswerHeaders;
 use crate::wire::{BEARER_CHALLENGE, JSON, NO_STORE, codes};
-
-/// The status an error is answered with: the category's, except for codes HTTP has a more
-/// precise status for.
-pub(crate) fn status_of(error: &ToolError) -> StatusCode {
-    status_for(Some(error.category()), Some(error.code()))
-}
-
-/// The status of an answer: `200` without an error, else by category and code.
-pub(crate) fn status_for(category: Option<Category>, code: Option<&str>) -> StatusCode {
-    match code {
-        Some(codes::PAYLOAD_TOO_LARGE) => return StatusCode::PAYLOAD_TOO_LARGE,
-        Some(codes::METHOD_NOT_ALLOWED) => return StatusCode::METHOD_NOT_ALLOWED,
-        Some(codes::UNAUTHENTICATED) => return StatusCode::UNAUTHORIZED,
-        Some(codes::RATE_LIMITED) => return StatusCode::TOO_MANY_REQUESTS,
-        Some(codes::UNSUPPORTED_VERSION) => return StatusCode::NOT_ACCEPTABLE,
-        _ => {}
-    }
-    let Some(category) = category else {
-        return StatusCode::OK;
-    };
-    match category {
-        Category::Validation => StatusCode::BAD_REQUEST,
-        Category::Permission => StatusCode::FORBIDDEN,
-        Category::NotFound => StatusCode::NOT_FOUND,
-        Category::Conflict => StatusCode::CONFLICT,
-        Category::Cancelled => StatusCode::REQUEST_TIMEOUT,
-        Category::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        Category::Capacity => StatusCode::SERVICE_UNAVAILABLE,
-        Category::Timeout => StatusCode::GATEWAY_TIMEOUT,
-    }
-}
 
 /// `Retry-After` for errors that carry `retry_after`.
 pub(crate) fn retry_after_header(error: &ToolError) -> Option<HeaderValue> {

@@ -18,11 +18,11 @@ use super::Admitted;
 use super::sse;
 use super::{GateLayer, bad_parameter};
 use crate::executions::{
-    self, CANCEL_SETTLES_WITHIN, Cancelled, DEFAULT_PAGE, Executions, MAX_PAGE,
-    RETRY_AFTER as RUNNING_RETRY_AFTER,
+    self, CANCEL_SETTLES_WITHIN, Cancelled, Executions, RETRY_AFTER as RUNNING_RETRY_AFTER,
 };
 use crate::idempotency::{ExecutionQuery, ExecutionState};
 use crate::tool_error::{ToolError, clip, retry_after_secs};
+use crate::wire::executions::{DEFAULT_PAGE, MAX_PAGE};
 use crate::wire::paths;
 use crate::wire::{JSON, LAST_EVENT_ID, NO_STORE, codes};
 

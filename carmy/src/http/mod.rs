@@ -39,7 +39,6 @@ use crate::wire::{codes, paths};
 #[cfg(feature = "mcp")]
 pub(crate) use admission::Admission;
 pub(crate) use admitted::{Admitted, settings_of};
-pub(crate) use documents::{Documents, Features};
 pub(crate) use gate::GateLayer;
 pub(crate) use health::is_probe;
 pub(crate) use metrics::METRICS_PATH;
@@ -91,7 +90,7 @@ pub(crate) fn router(
     let documents = Router::new()
         .route(paths::DISCOVERY, documents.get_inline(documents::discovery))
         .route(paths::CATALOG, documents.get_inline(documents::catalog))
-        .route(paths::OPENAPI, documents.get_inline(openapi::document));
+        .route(paths::OPENAPI, documents.get_inline(documents::openapi));
     let executions = executions::router(
         gate,
         executions::ExecutionsState {

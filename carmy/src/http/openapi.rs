@@ -1,6 +1,5 @@
-//! `GET /agent/openapi.json` and `POST /agent/tools/{name}` (`protocol.md` §11): the OpenAPI
-//! document the caller's trust level sees, served like the catalog, and one route per tool
-//! that answers exactly as `/agent/execute` does.
+//! `POST /agent/tools/{name}` (`protocol.md` §11): one route per tool, as the OpenAPI document
+//! describes it, that answers exactly as `/agent/execute` does.
 
 use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::response::Response;
@@ -8,19 +7,8 @@ use serde_json::{Value, json};
 
 use super::execute::{self, Caller, ExecuteState};
 use super::requester::requester;
-use super::settings_of;
 use crate::runtime::{self, Call};
-use crate::settings::Current;
 use crate::tool_error::ToolError;
-
-pub(crate) async fn document(current: Current, request: Request) -> Response {
-    let settings = settings_of(request.extensions(), &current);
-    settings
-        .documents
-        .for_caller(request.extensions())
-        .openapi()
-        .respond(request.headers(), settings.protection.security_headers)
-}
 
 /// The tool named in the path, called with the body as its arguments and the
 /// `Idempotency-Key` header as its request id; then the execute pipeline. The body is declared

@@ -88,6 +88,15 @@ pub(crate) mod paths {
     }
 }
 
+/// The pages of the caller's executions (`protocol.md` §9), shared by the route and the
+/// OpenAPI document that describes it.
+pub(crate) mod executions {
+    /// The most executions one page of the list holds.
+    pub(crate) const MAX_PAGE: usize = 100;
+    /// A page's size when the caller does not say.
+    pub(crate) const DEFAULT_PAGE: usize = 20;
+}
+
 /// The bounds of event subscriptions (§8), shared by the routes and the OpenAPI document that
 /// describes them.
 pub(crate) mod subscriptions {
