@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The durable stores against their engine's own limit, in the same run (issue 16):
+"""The durable stores against their engine's own limit, in the same run:
 
     python3 benches/engines.py [--rounds 3] [--seconds 5] [--clients 32] [--only postgres|redis]
 
