@@ -481,7 +481,7 @@ impl App {
             started.runtime.metrics().cloned(),
             http.body_timeout,
         );
-        let router = http::router(
+        let router = crate::api::router(
             &gate,
             Arc::clone(&started.runtime),
             started.reloader,

@@ -10,8 +10,9 @@ pub mod config;
 /// its page at an address of its own too.
 #[cfg(feature = "console")]
 pub mod console {
-    pub use crate::http::console::page;
+    pub use crate::api::console::page;
 }
+mod api;
 mod context;
 mod documents;
 mod error;

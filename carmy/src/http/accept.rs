@@ -6,7 +6,7 @@ use axum::http::header::ACCEPT;
 
 /// Each media range of every `Accept` with its quality, in order: `("text/html", 1.0)`. A
 /// range whose `q` is not a number from 0 to 1 is left out.
-pub(super) fn media_ranges(headers: &HeaderMap) -> impl Iterator<Item = (&str, f32)> {
+pub(crate) fn media_ranges(headers: &HeaderMap) -> impl Iterator<Item = (&str, f32)> {
     headers
         .get_all(ACCEPT)
         .iter()

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tower_http::cors::CorsLayer;
 
 use super::admitted::Admitted;
-use super::{Known, METRICS_PATH, Present, is_console, is_probe, origin};
+use super::{Known, Present, is_console, is_probe, origin};
 use crate::auth;
 use crate::principal::Principal;
 use crate::protection::{Decision, Protection};
@@ -29,7 +29,7 @@ use crate::tool_error::ToolError;
 use crate::wire::headers::{GATE_HEADERS, SERVED_VERSION, add_security_headers};
 use crate::wire::{
     CARMY_REPLAYED, CARMY_VERSION, IDEMPOTENCY_KEY, LAST_EVENT_ID, MCP_METHOD, MCP_NAME,
-    MCP_PROTOCOL_VERSION, MCP_SESSION_ID, codes,
+    MCP_PROTOCOL_VERSION, MCP_SESSION_ID, codes, paths,
 };
 
 /// The major versions a client may ask for.
@@ -83,7 +83,7 @@ async fn admit(
     // Probes (`/agent/health…`) and scrapes spend no budget: an orchestrator polls them all
     // day. Nor do the console's files: the same bytes for everyone, from memory.
     let path = parts.uri.path();
-    let unmetered = is_probe(path) || path == METRICS_PATH || is_console(path);
+    let unmetered = is_probe(path) || path == paths::METRICS || is_console(path);
     let limit = protection.limits[principal.trust().index()].filter(|_| !unmetered);
     if let Some(limit) = limit {
         let decision = {

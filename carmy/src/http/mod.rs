@@ -1,38 +1,25 @@
-//! The carmy/1 HTTP adapter (`protocol.md`): routes, documents and the error envelope. It knows
-//! nothing of tool internals: it serves the catalog's documents and drives the runtime.
+//! What every transport served over HTTP shares (carmy/1's routes, MCP's Streamable HTTP):
+//! the gate every route sits behind and its admission, the error envelope, request bodies read
+//! within their bounds and deadline, Server-Sent Events, and who is asking (a person or an
+//! agent). The routes themselves are their transports'.
 
-mod accept;
-mod admin;
+pub(crate) mod accept;
 mod admission;
 mod admitted;
-#[cfg(feature = "console")]
-pub(crate) mod console;
-mod documents;
 pub(crate) mod error;
-#[cfg(feature = "events")]
-mod events;
-mod execute;
-mod executions;
-mod gate;
-mod health;
-mod metrics;
-mod openapi;
+pub(crate) mod gate;
 pub(crate) mod origin;
 mod present;
-mod requester;
-mod sse;
+pub(crate) mod requester;
+pub(crate) mod sse;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use axum::Router;
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 
 use crate::principal::TrustLevel;
-use crate::reload::Reloader;
-use crate::runtime::Runtime;
-use crate::settings::Current;
 use crate::tool_error::{Category, ToolError};
 use crate::wire::{codes, paths};
 
@@ -40,14 +27,12 @@ use crate::wire::{codes, paths};
 pub(crate) use admission::Admission;
 pub(crate) use admitted::{Admitted, settings_of};
 pub(crate) use gate::GateLayer;
-pub(crate) use health::is_probe;
-pub(crate) use metrics::METRICS_PATH;
 pub(crate) use present::{Known, Present};
 
 /// The headers of an answer, at most: its own four, the gate's five (the version, the security
 /// headers), `Content-Length`. A route that reserves this much allocates its header map once,
 /// rather than once and again when the gate adds its own.
-const RESPONSE_HEADERS: usize = 10;
+pub(crate) const RESPONSE_HEADERS: usize = 10;
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
 #[derive(Clone)]
@@ -71,56 +56,9 @@ impl Default for HttpSettings {
     }
 }
 
-/// The routes of protocol.md, each behind `gate`, with JSON answers for unknown routes and
-/// methods under carmy's own paths only, so that the router merges into a host's that has its
-/// own fallback. Each route serves the configuration snapshot the gate attached to its request.
-pub(crate) fn router(
-    gate: &GateLayer,
-    runtime: Arc<Runtime>,
-    reloader: Arc<Reloader>,
-    current: &Current,
-    settings: &HttpSettings,
-    #[cfg(feature = "events")] events: Arc<crate::events::Events>,
-) -> Router {
-    let health = health::router(gate, runtime.health().clone());
-    let metrics = runtime
-        .metrics()
-        .map(|metrics| metrics::router(gate, Arc::clone(metrics), Arc::clone(current)));
-    let documents = gate.endpoints(Arc::clone(current));
-    let documents = Router::new()
-        .route(paths::DISCOVERY, documents.get_inline(documents::discovery))
-        .route(paths::CATALOG, documents.get_inline(documents::catalog))
-        .route(paths::OPENAPI, documents.get_inline(documents::openapi));
-    let executions = executions::router(
-        gate,
-        executions::ExecutionsState {
-            executions: runtime.executions(),
-            keep_alive: settings.keep_alive,
-        },
-    );
-    let execute = gate.endpoints(execute::ExecuteState {
-        runtime,
-        current: Arc::clone(current),
-        keep_alive: settings.keep_alive,
-    });
-    let execute = Router::new()
-        .route(paths::EXECUTE, execute.post_inline(execute::execute))
-        .route(paths::TOOL, execute.post(openapi::call_tool));
-    let router = documents
-        .merge(execute)
-        .merge(executions)
-        .merge(health)
-        .merge(admin::router(gate, reloader))
-        .merge(metrics.unwrap_or_default());
-    #[cfg(feature = "events")]
-    let router = router.merge(events::router(gate, events));
-    #[cfg(feature = "console")]
-    let router = router.merge(console::router(gate));
-    let owned = ["/agent", "/agent/{*rest}", "/.well-known/agent/{*rest}"];
-    let not_found = gate.endpoints(());
-    owned.into_iter().fold(router, |router, path| {
-        router.route(path, not_found.any(route_not_found))
-    })
+/// Whether `path` is a probe: probes spend no rate-limit budget.
+pub(crate) fn is_probe(path: &str) -> bool {
+    matches!(path, paths::HEALTH | paths::LIVE | paths::READY)
 }
 
 /// Whether `path` is one of the console's files: the same bytes for everyone, from memory.
@@ -133,7 +71,7 @@ pub(crate) async fn route_not_found(request: axum::extract::Request) -> Response
     refusal(&request, not_a_route())
 }
 
-fn not_a_route() -> ToolError {
+pub(crate) fn not_a_route() -> ToolError {
     ToolError::not_found(codes::ROUTE_NOT_FOUND, "no such route").recoverable(false)
 }
 
@@ -144,14 +82,6 @@ fn refusal(request: &axum::extract::Request, error: ToolError) -> Response {
         Some(admitted) => error::answer(&error, admitted.settings.protection.security_headers),
         None => error.into_response(),
     }
-}
-
-/// Whether the caller may use a management route: `internal`, or holding `permission`.
-/// Anyone else gets the unknown route's `404`, so the route reveals nothing.
-fn may_manage(request: &axum::extract::Request, permission: &str) -> bool {
-    Admitted::caller(request.extensions()).is_some_and(|caller| {
-        caller.trust() == TrustLevel::Internal || caller.has_permission(permission)
-    })
 }
 
 /// A whole request body. One that arrives in a single frame (the usual small body, read with
@@ -194,35 +124,8 @@ pub(crate) fn content_length(length: usize) -> HeaderValue {
     }
 }
 
-/// A list's `limit` query parameter: from 1 to `max`, `default` when absent.
-fn page_limit(
-    parameters: &std::collections::HashMap<String, String>,
-    default: usize,
-    max: usize,
-) -> Result<usize, ToolError> {
-    let Some(limit) = parameters.get("limit") else {
-        return Ok(default);
-    };
-    limit
-        .parse::<usize>()
-        .ok()
-        .filter(|limit| (1..=max).contains(limit))
-        .ok_or_else(|| {
-            bad_parameter(
-                "limit",
-                &format!("limit must be a whole number from 1 to {max}"),
-            )
-        })
-}
-
-/// `400 INVALID_REQUEST` naming the query parameter at fault.
-fn bad_parameter(parameter: &str, reason: &str) -> ToolError {
-    ToolError::invalid_request(reason)
-        .details(serde_json::json!({ "reason": reason, "parameter": parameter }))
-}
-
 /// A route that takes no input refuses a body rather than ignoring it.
-async fn empty_body(body: axum::body::Body, what: &str) -> Result<(), ToolError> {
+pub(crate) async fn empty_body(body: axum::body::Body, what: &str) -> Result<(), ToolError> {
     use http_body_util::{BodyExt, Limited};
     match Limited::new(body, 0).collect().await {
         Ok(_) => Ok(()),

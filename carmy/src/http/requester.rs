@@ -10,11 +10,11 @@ use crate::tool_error::ToolError;
 use crate::wire::CARMY_CHANNEL;
 
 /// The headers a negotiated response varies on.
-pub(super) static VARY_REQUESTER: HeaderValue = HeaderValue::from_static("Accept, Carmy-Channel");
+pub(crate) static VARY_REQUESTER: HeaderValue = HeaderValue::from_static("Accept, Carmy-Channel");
 
 /// The requester of a request with `headers` (of which `present`); a `Carmy-Channel` that is
 /// neither `human` nor `agent` (or sent twice) is refused rather than guessed.
-pub(super) fn requester(headers: &HeaderMap, present: Present) -> Result<Requester, ToolError> {
+pub(crate) fn requester(headers: &HeaderMap, present: Present) -> Result<Requester, ToolError> {
     if present.has(Known::CarmyChannel) {
         let mut channels = headers.get_all(&CARMY_CHANNEL).iter();
         return match (channels.next().map(HeaderValue::to_str), channels.next()) {

@@ -23,7 +23,7 @@ const KEEP_ALIVE: Bytes = Bytes::from_static(b":\n\n");
 
 /// Appends one event to `frames`. Data is one line of JSON; any line break in it would still
 /// start a new `data:` line, as the format requires.
-pub(super) fn append(frames: &mut Vec<u8>, name: &str, id: u64, data: &[u8]) {
+pub(crate) fn append(frames: &mut Vec<u8>, name: &str, id: u64, data: &[u8]) {
     const FIELDS: usize = "event: \nid: \ndata: \n\n".len();
     let mut id_text = itoa::Buffer::new();
     let id = id_text.format(id).as_bytes();
@@ -40,14 +40,14 @@ pub(super) fn append(frames: &mut Vec<u8>, name: &str, id: u64, data: &[u8]) {
 }
 
 /// One event as a frame of its own.
-pub(super) fn frame(name: &str, id: u64, data: &[u8]) -> Bytes {
+pub(crate) fn frame(name: &str, id: u64, data: &[u8]) -> Bytes {
     let mut frame = Vec::new();
     append(&mut frame, name, id, data);
     Bytes::from(frame)
 }
 
 /// A `text/event-stream` answer, `Cache-Control: no-store`.
-pub(super) fn response(body: Body) -> Response {
+pub(crate) fn response(body: Body) -> Response {
     let mut response = Response::new(body);
     let headers = response.headers_mut();
     headers.reserve(super::RESPONSE_HEADERS);
@@ -58,7 +58,7 @@ pub(super) fn response(body: Body) -> Response {
 
 /// A body that sends `frames` as they come and a keep-alive comment whenever none came for
 /// `keep_alive`.
-pub(super) fn streamed<S>(frames: S, keep_alive: Duration) -> Body
+pub(crate) fn streamed<S>(frames: S, keep_alive: Duration) -> Body
 where
     S: Stream<Item = Bytes> + Send + 'static,
 {

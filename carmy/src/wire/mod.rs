@@ -79,6 +79,8 @@ pub(crate) mod paths {
     pub(crate) const SUBSCRIPTIONS: &str = "/agent/events/subscriptions";
     /// The console's page, for people (`protocol.md` §10), when it is served.
     pub(crate) const CONSOLE: &str = "/agent/console/";
+    /// Prometheus's scrape, when metrics are on.
+    pub(crate) const METRICS: &str = "/metrics";
     /// Where MCP is served, when it is.
     pub(crate) const MCP: &str = "/mcp";
 

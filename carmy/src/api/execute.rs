@@ -21,14 +21,14 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::Admitted;
-use super::error::status_for;
-use super::requester::requester;
-use super::sse;
-use super::{Known, Present};
 use crate::catalog::Catalog;
 use crate::context::{Event, EventReceiver, Requester, event_channel};
 use crate::executions::running_body;
+use crate::http::Admitted;
+use crate::http::error::status_for;
+use crate::http::requester::requester;
+use crate::http::sse;
+use crate::http::{Known, Present};
 use crate::principal::Principal;
 use crate::runtime::{self, Accepted, Answer, Call, Delivery, Outcome, Runtime, response};
 use crate::settings::Current;
@@ -72,7 +72,7 @@ fn empty_object() -> Value {
     json!({})
 }
 
-/// `POST /agent/execute`, run inside the gate ([`super::gate::Endpoints::post_inline`]).
+/// `POST /agent/execute`, run inside the gate ([`crate::http::gate::Endpoints::post_inline`]).
 ///
 /// What the call needs of the request's head is read at once ([`CallHead`]), so the future,
 /// stored inside the gate's and boxed per request, keeps none of the head: only the body being
@@ -92,7 +92,7 @@ pub(crate) fn execute(
     let wanted = head.wanted;
     read_call(head, body, principal, catalog).then(move |call| match call {
         Ok(call) => Either::Left(answer(state, wanted, call, secured)),
-        Err(error) => Either::Right(ready(super::error::answer(&error, secured))),
+        Err(error) => Either::Right(ready(crate::http::error::answer(&error, secured))),
     })
 }
 
@@ -207,7 +207,7 @@ fn prefers_async(headers: &HeaderMap) -> bool {
 /// `202 Accepted`: where to read the execution back, and when.
 fn accepted_response(accepted: &Accepted, prefer_async: bool) -> Response {
     let body = running_body(&accepted.execution_id, accepted.tool, None);
-    let mut response = super::executions::running(StatusCode::ACCEPTED, body);
+    let mut response = super::execution_routes::running(StatusCode::ACCEPTED, body);
     let headers = response.headers_mut();
     let location = format!("{}/{}", paths::EXECUTIONS, accepted.execution_id);
     if let Ok(location) = HeaderValue::try_from(location) {
@@ -280,10 +280,10 @@ pub(super) async fn read_body(body: Body) -> Result<Bytes, ToolError> {
     if body.size_hint().lower() > MAX_BODY_BYTES as u64 {
         return Err(payload_too_large());
     }
-    match super::whole_body(Limited::new(body, MAX_BODY_BYTES)).await {
+    match crate::http::whole_body(Limited::new(body, MAX_BODY_BYTES)).await {
         Ok(bytes) => Ok(bytes),
         Err(error) if error.is::<LengthLimitError>() => Err(payload_too_large()),
-        Err(error) => Err(super::unreadable_body(&*error)),
+        Err(error) => Err(crate::http::unreadable_body(&*error)),
     }
 }
 
@@ -333,7 +333,7 @@ fn payload_too_large() -> ToolError {
 }
 
 fn wants_event_stream(headers: &HeaderMap) -> bool {
-    super::accept::media_ranges(headers)
+    crate::http::accept::media_ranges(headers)
         .any(|(media, quality)| quality > 0.0 && media.eq_ignore_ascii_case("text/event-stream"))
 }
 
@@ -372,7 +372,7 @@ fn json_response(outcome: Outcome, secured: bool) -> Response {
         &JSON_ANSWER
     };
     *headers = made.answer(secured);
-    headers.insert(CONTENT_LENGTH, super::content_length(length));
+    headers.insert(CONTENT_LENGTH, crate::http::content_length(length));
     if let Some(after) = retry_after {
         headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
     }

@@ -6,7 +6,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::execute::{self, Caller, ExecuteState};
-use super::requester::requester;
+use crate::http::requester::requester;
 use crate::runtime::{self, Call};
 use crate::tool_error::ToolError;
 
@@ -47,6 +47,6 @@ pub(crate) async fn call_tool(State(state): State<ExecuteState>, request: Reques
             let wanted = execute::Wanted::of(&parts.headers, present);
             execute::answer(state, wanted, call, secured).await
         }
-        Err(error) => super::error::answer(&error, secured),
+        Err(error) => crate::http::error::answer(&error, secured),
     }
 }

@@ -15,9 +15,9 @@ use axum::routing::get;
 use bytes::Bytes;
 use tower::Layer;
 
-use super::GateLayer;
-use super::documents::conditional;
+use super::document_routes::conditional;
 use crate::documents::etag_of;
+use crate::http::GateLayer;
 use crate::wire::paths::CONSOLE as CONSOLE_URL;
 
 /// Scripts, styles, images and requests from the console's own origin only: no inline script,
@@ -109,7 +109,7 @@ pub(super) fn router(gate: &GateLayer) -> Router {
             .route(CONSOLE_URL, get(page))
             .route(&format!("{CONSOLE_URL}{SESSION}"), get(session))
             .route(&files, get(file))
-            .method_not_allowed_fallback(super::method_not_allowed)
+            .method_not_allowed_fallback(crate::http::method_not_allowed)
             .layer(tower_http::compression::CompressionLayer::new()),
     );
     [base, CONSOLE_URL, &files]
@@ -133,7 +133,7 @@ async fn file(uri: Uri, headers: HeaderMap) -> Response {
         .find(|asset| asset.name == name && name != PAGE)
     {
         Some(asset) => asset.respond(&headers),
-        None => super::not_a_route().into_response(),
+        None => crate::http::not_a_route().into_response(),
     }
 }
 
@@ -143,14 +143,14 @@ async fn file(uri: Uri, headers: HeaderMap) -> Response {
 const SESSION: &str = "session";
 
 async fn session(request: axum::extract::Request) -> Response {
-    let caller = super::Admitted::caller_or_anonymous(request.extensions());
+    let caller = crate::http::Admitted::caller_or_anonymous(request.extensions());
     let identified = caller.trust() != crate::principal::TrustLevel::Anonymous;
     #[cfg(feature = "events")]
     let manage_events = request
         .extensions()
-        .get::<super::Admitted>()
+        .get::<crate::http::Admitted>()
         .is_some_and(|admitted| admitted.settings.events.is_some())
-        && super::may_manage(&request, super::events::MANAGE_EVENTS);
+        && super::may_manage(&request, super::event_routes::MANAGE_EVENTS);
     #[cfg(not(feature = "events"))]
     let manage_events = false;
     let body = serde_json::json!({

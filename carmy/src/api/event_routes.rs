@@ -13,12 +13,12 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::GateLayer;
 use super::execute::{parse_body, read_body, require_json};
 use crate::events::{
     EventSettings, Events, NewSubscription, Page, SigningSecret, SubscriptionChange,
     SubscriptionView,
 };
+use crate::http::GateLayer;
 use crate::tool_error::ToolError;
 use crate::wire::subscriptions::{DEFAULT_PAGE, MAX_PAGE};
 use crate::wire::{JSON, NO_STORE, paths};
@@ -61,8 +61,8 @@ pub(crate) fn router(gate: &GateLayer, events: Arc<Events>) -> Router {
 /// the routes.
 async fn wrong_method(State(events): State<Arc<Events>>, request: Request) -> Response {
     match allowed(&events, &request) {
-        Ok(_) => super::method_not_allowed(request).await,
-        Err(_) => super::route_not_found(request).await,
+        Ok(_) => crate::http::method_not_allowed(request).await,
+        Err(_) => crate::http::route_not_found(request).await,
     }
 }
 
@@ -71,7 +71,7 @@ async fn wrong_method(State(events): State<Arc<Events>>, request: Request) -> Re
 fn allowed(events: &Events, request: &Request) -> Result<Arc<EventSettings>, ToolError> {
     match events.settings() {
         Some(settings) if super::may_manage(request, MANAGE_EVENTS) => Ok(settings),
-        _ => Err(super::not_a_route()),
+        _ => Err(crate::http::not_a_route()),
     }
 }
 
@@ -262,7 +262,7 @@ async fn rotate_secret(
     answer(
         async move {
             let settings = allowed(&events, &request)?;
-            super::empty_body(request.into_body(), "the rotation").await?;
+            crate::http::empty_body(request.into_body(), "the rotation").await?;
             let (view, secret) = events.rotate_secret(&settings, &id).await?;
             Ok(json_response(StatusCode::OK, &with_secret(&view, &secret)))
         }

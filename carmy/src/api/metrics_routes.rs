@@ -9,14 +9,12 @@ use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
-use super::GateLayer;
-use super::{Admitted, settings_of};
+use crate::http::GateLayer;
+use crate::http::{Admitted, settings_of};
 use crate::principal::{Principal, TrustLevel};
 use crate::settings::Current;
 use crate::telemetry::{Format, Metrics};
-use crate::wire::NO_STORE;
-
-pub(crate) const METRICS_PATH: &str = "/metrics";
+use crate::wire::{NO_STORE, paths};
 
 static PROMETHEUS_TEXT: HeaderValue =
     HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8");
@@ -33,14 +31,14 @@ struct Exposition {
 
 pub(crate) fn router(gate: &GateLayer, metrics: Arc<Metrics>, current: Current) -> Router {
     let exposition = gate.endpoints(Exposition { metrics, current });
-    Router::new().route(METRICS_PATH, exposition.get(expose))
+    Router::new().route(paths::METRICS, exposition.get(expose))
 }
 
 async fn expose(State(exposition): State<Exposition>, request: Request) -> Response {
     let extensions = request.extensions();
     let caller = Admitted::caller(extensions).map_or(TrustLevel::Anonymous, Principal::trust);
     if caller < settings_of(extensions, &exposition.current).metrics_trust {
-        return super::route_not_found(request).await;
+        return crate::http::route_not_found(request).await;
     }
     let format = negotiate(request.headers());
     let content_type = match format {
@@ -62,7 +60,7 @@ async fn expose(State(exposition): State<Exposition>, request: Request) -> Respo
 fn negotiate(headers: &HeaderMap) -> Format {
     let mut openmetrics = 0.0_f32;
     let mut text = 0.0_f32;
-    for (media, quality) in super::accept::media_ranges(headers) {
+    for (media, quality) in crate::http::accept::media_ranges(headers) {
         match media.to_ascii_lowercase().as_str() {
             "application/openmetrics-text" => openmetrics = openmetrics.max(quality),
             "text/plain" | "text/*" | "*/*" => text = text.max(quality),

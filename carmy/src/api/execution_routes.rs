@@ -14,12 +14,13 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::json;
 
-use super::Admitted;
-use super::sse;
-use super::{GateLayer, bad_parameter};
+use super::bad_parameter;
 use crate::executions::{
     self, CANCEL_SETTLES_WITHIN, Cancelled, Executions, RETRY_AFTER as RUNNING_RETRY_AFTER,
 };
+use crate::http::Admitted;
+use crate::http::GateLayer;
+use crate::http::sse;
 use crate::idempotency::{ExecutionQuery, ExecutionState};
 use crate::tool_error::{ToolError, clip, retry_after_secs};
 use crate::wire::executions::{DEFAULT_PAGE, MAX_PAGE};

@@ -10,7 +10,7 @@ use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::GateLayer;
+use crate::http::GateLayer;
 use crate::reload::{ReloadError, Reloaded, Reloader, Trigger};
 use crate::tool_error::ToolError;
 use crate::wire::{JSON, NO_STORE, codes, paths};
@@ -32,9 +32,9 @@ pub(crate) fn router(gate: &GateLayer, reloader: Arc<Reloader>) -> Router {
 /// so that no method reveals the route.
 async fn wrong_method(request: Request) -> Response {
     if super::may_manage(&request, MANAGE_CONFIG) {
-        super::method_not_allowed(request).await
+        crate::http::method_not_allowed(request).await
     } else {
-        super::route_not_found(request).await
+        crate::http::route_not_found(request).await
     }
 }
 
@@ -43,9 +43,9 @@ async fn wrong_method(request: Request) -> Response {
 /// key.
 async fn reload(State(reloader): State<Arc<Reloader>>, request: Request) -> Response {
     if !super::may_manage(&request, MANAGE_CONFIG) {
-        return super::route_not_found(request).await;
+        return crate::http::route_not_found(request).await;
     }
-    if let Err(error) = super::empty_body(request.into_body(), "the reload").await {
+    if let Err(error) = crate::http::empty_body(request.into_body(), "the reload").await {
         return error.into_response();
     }
     let reloaded = match reloader.reload(Trigger::Admin) {

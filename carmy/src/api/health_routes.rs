@@ -10,21 +10,16 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::Admitted;
-use super::GateLayer;
 use crate::context::TrustLevel;
 use crate::health::{CheckStatus, Health};
+use crate::http::Admitted;
+use crate::http::GateLayer;
 use crate::wire::paths;
 
 static HEALTH_JSON: HeaderValue = HeaderValue::from_static("application/health+json");
 static TEXT: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 /// A probe's answer is true only now.
 static NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
-
-/// Whether `path` is a probe: probes spend no rate-limit budget.
-pub(crate) fn is_probe(path: &str) -> bool {
-    matches!(path, paths::HEALTH | paths::LIVE | paths::READY)
-}
 
 pub(crate) fn router(gate: &GateLayer, health: Health) -> Router {
     let health = gate.endpoints(health);

@@ -9,12 +9,12 @@ use axum::http::{Extensions, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::Present;
-use super::requester::{VARY_REQUESTER, requester};
-use super::{Admitted, settings_of};
 use crate::catalog::Provider;
 use crate::context::Requester;
 use crate::documents::{Document, Documents, LevelDocuments};
+use crate::http::Present;
+use crate::http::requester::{VARY_REQUESTER, requester};
+use crate::http::{Admitted, settings_of};
 use crate::principal::{Principal, TrustLevel};
 use crate::settings::Current;
 use crate::tool_error::ToolError;
@@ -60,7 +60,7 @@ pub(super) fn conditional(
         Response::new(Body::from(body))
     };
     let headers = response.headers_mut();
-    headers.reserve(super::RESPONSE_HEADERS);
+    headers.reserve(crate::http::RESPONSE_HEADERS);
     headers.insert(axum::http::header::ETAG, etag.clone());
     headers.insert(CACHE_CONTROL, cache_control.clone());
     if !not_modified {
