@@ -18,9 +18,10 @@ use crate::idempotency::{IdempotencyStore, MemoryStore};
 #[cfg(feature = "mcp")]
 use crate::mcp::{self, McpHandler, McpSettings};
 use crate::protection::{Limiter, Protection, RateLimit, RateLimiter};
-use crate::reload::{Reloader, Reloads};
+use crate::reload::Reloads;
 use crate::runtime::{Runtime, Settings};
 use crate::serve::{self, Server};
+use crate::settings::Reloader;
 use crate::settings::{Base, Current};
 use crate::state::StateMap;
 use crate::tool::{self, ToolDescriptor};

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::http::GateLayer;
-use crate::reload::{ReloadError, Reloaded, Reloader, Trigger};
+use crate::settings::{ReloadError, Reloaded, Reloader, Trigger};
 use crate::tool_error::ToolError;
 use crate::wire::{JSON, NO_STORE, codes, paths};
 

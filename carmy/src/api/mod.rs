@@ -19,9 +19,9 @@ use axum::Router;
 
 use crate::http::{Admitted, GateLayer, HttpSettings, route_not_found};
 use crate::principal::TrustLevel;
-use crate::reload::Reloader;
 use crate::runtime::Runtime;
 use crate::settings::Current;
+use crate::settings::Reloader;
 use crate::tool_error::ToolError;
 use crate::wire::paths;
 

@@ -13,7 +13,7 @@ use notify_debouncer_mini::{DebounceEventResult, Debouncer, new_debouncer_opt};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::{Reloader, Trigger};
+use super::reload::{Reloader, Trigger};
 
 /// Events closer together than this are one change: a save is several writes and a rename.
 const DEBOUNCE: Duration = Duration::from_millis(250);

@@ -8,128 +8,16 @@
 //! enabled` needs a restart: the whole file is refused, naming the key. An unchanged file
 //! changes nothing.
 
-mod watch;
-
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
+use super::watch;
+use super::{Base, Current};
 use crate::config::Config;
 use crate::health::Health;
-use crate::principal::TrustLevel;
-use crate::settings::{Base, Current};
-
-/// How many `tools.changed` events a slow subscriber may fall behind before it misses some.
-const EVENT_BUFFER: usize = 16;
-
-/// A `tools.changed` event: a reload changed what some trust level sees in the catalog.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolsChanged {
-    /// Indexed by [`TrustLevel::index`].
-    versions: [String; 4],
-}
-
-impl ToolsChanged {
-    /// The event's name, as the events issue will deliver it.
-    pub const NAME: &'static str = "tools.changed";
-
-    /// The new `tools_version` that callers trusted at `trust` see.
-    pub fn tools_version(&self, trust: TrustLevel) -> &str {
-        &self.versions[trust.index()]
-    }
-}
-
-/// How many reloads ended each way since the start.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ReloadCounts {
-    /// A new configuration was swapped in.
-    pub applied: u64,
-    /// The file had not changed: nothing was done.
-    pub unchanged: u64,
-    /// The file could not be read, parsed or built: the old configuration stayed.
-    pub failed: u64,
-    /// The file changed a restart-only key: the old configuration stayed.
-    pub restart_required: u64,
-}
-
-/// The reloads of an app, from [`App::reloads`](crate::App::reloads): their counts by result,
-/// and the `tools.changed` events. Cloning is cheap; every clone sees the same reloads.
-#[derive(Debug, Clone, Default)]
-pub struct Reloads {
-    inner: Arc<ReloadsInner>,
-}
-
-#[derive(Debug)]
-struct ReloadsInner {
-    /// By result; `/metrics` exposes the same family as `carmy_config_reloads_total`.
-    counts: Family<ReloadResult, Counter>,
-    events: broadcast::Sender<ToolsChanged>,
-}
-
-/// The label of a reload's result.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct ReloadResult {
-    result: &'static str,
-}
-
-impl ReloadResult {
-    const APPLIED: Self = ReloadResult { result: "applied" };
-    const UNCHANGED: Self = ReloadResult {
-        result: "unchanged",
-    };
-    const FAILED: Self = ReloadResult { result: "failed" };
-    const RESTART_REQUIRED: Self = ReloadResult {
-        result: "restart_required",
-    };
-}
-
-impl Default for ReloadsInner {
-    fn default() -> Self {
-        ReloadsInner {
-            counts: Family::default(),
-            events: broadcast::channel(EVENT_BUFFER).0,
-        }
-    }
-}
-
-impl Reloads {
-    /// The counts now.
-    pub fn counts(&self) -> ReloadCounts {
-        let count = |result| self.inner.counts.get_or_create(&result).get();
-        ReloadCounts {
-            applied: count(ReloadResult::APPLIED),
-            unchanged: count(ReloadResult::UNCHANGED),
-            failed: count(ReloadResult::FAILED),
-            restart_required: count(ReloadResult::RESTART_REQUIRED),
-        }
-    }
-
-    /// The counts as a metric family, shared with these reloads.
-    pub(crate) fn family(&self) -> Family<ReloadResult, Counter> {
-        self.inner.counts.clone()
-    }
-
-    /// Receives every `tools.changed` event from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<ToolsChanged> {
-        self.inner.events.subscribe()
-    }
-
-    fn count(&self, outcome: &Result<Reloaded, ReloadError>) {
-        let result = match outcome {
-            Ok(Reloaded::Applied { .. }) => ReloadResult::APPLIED,
-            Ok(Reloaded::Unchanged) => ReloadResult::UNCHANGED,
-            Err(ReloadError::RestartRequired { .. }) => ReloadResult::RESTART_REQUIRED,
-            Err(ReloadError::NoFile | ReloadError::Invalid(_)) => ReloadResult::FAILED,
-        };
-        self.inner.counts.get_or_create(&result).inc();
-    }
-}
+use crate::reload::{ReloadResult, Reloads, ToolsChanged};
 
 /// What asked for a reload, for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,7 +131,7 @@ impl Reloader {
             Some(source) => self.apply(source, &mut state),
             None => Err(ReloadError::NoFile),
         };
-        self.reloads.count(&outcome);
+        self.reloads.count(&result_of(&outcome));
         match &outcome {
             Ok(reloaded) => {
                 if *reloaded != Reloaded::Unchanged || state.logged.is_some() {
@@ -293,7 +181,7 @@ impl Reloader {
         let tools_changed = previous.tools_versions() != versions.each_ref().map(String::as_str);
         if tools_changed {
             // Nobody subscribed is not an error: the event is for whoever listens.
-            let _ = self.reloads.inner.events.send(ToolsChanged { versions });
+            self.reloads.publish(ToolsChanged { versions });
         }
         Ok(Reloaded::Applied { tools_changed })
     }
@@ -320,4 +208,14 @@ impl std::fmt::Debug for Reloader {
 /// assignment): keep using it.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The label a reload's outcome is counted under.
+fn result_of(outcome: &Result<Reloaded, ReloadError>) -> ReloadResult {
+    match outcome {
+        Ok(Reloaded::Applied { .. }) => ReloadResult::APPLIED,
+        Ok(Reloaded::Unchanged) => ReloadResult::UNCHANGED,
+        Err(ReloadError::RestartRequired { .. }) => ReloadResult::RESTART_REQUIRED,
+        Err(ReloadError::NoFile | ReloadError::Invalid(_)) => ReloadResult::FAILED,
+    }
 }

@@ -6,6 +6,9 @@
 //! The protection gate loads the snapshot once per request and attaches it to the request, so
 //! the routes behind it serve that same snapshot even when a reload swaps in another meanwhile.
 
+mod reload;
+mod watch;
+
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -18,6 +21,8 @@ use crate::error::Error;
 use crate::principal::TrustLevel;
 use crate::protection::Protection;
 use crate::runtime;
+
+pub(crate) use reload::{ReloadError, Reloaded, Reloader, Trigger};
 
 /// The snapshot in force; a reload swaps it atomically.
 pub(crate) type Current = Arc<ArcSwap<Settings>>;
