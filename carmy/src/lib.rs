@@ -16,7 +16,8 @@ mod api;
 mod context;
 mod documents;
 mod error;
-pub mod events;
+#[cfg(feature = "events")]
+mod events;
 mod executions;
 pub mod health;
 mod http;
@@ -39,6 +40,7 @@ pub mod testing;
 mod tls;
 mod tool;
 mod tool_error;
+pub mod webhook;
 mod wire;
 
 pub use app::{App, app};

@@ -15,11 +15,11 @@ use serde_json::{Value, json};
 
 use super::execute::{parse_body, read_body, require_json};
 use crate::events::{
-    EventSettings, Events, NewSubscription, Page, SigningSecret, SubscriptionChange,
-    SubscriptionView,
+    EventSettings, Events, NewSubscription, Page, SubscriptionChange, SubscriptionView,
 };
 use crate::http::GateLayer;
 use crate::tool_error::ToolError;
+use crate::webhook::SigningSecret;
 use crate::wire::subscriptions::{DEFAULT_PAGE, MAX_PAGE};
 use crate::wire::{JSON, NO_STORE, paths};
 

@@ -397,7 +397,7 @@ impl Events {
                     ))
                 })?;
                 let secret =
-                    crate::events::secret::SigningSecret::parse(text.trim()).map_err(|error| {
+                    crate::webhook::SigningSecret::parse(text.trim()).map_err(|error| {
                         refused(format!("the secret of {url} in `{secret_env}`: {error}"))
                     })?;
                 Ok(DeclaredSubscriptionConfig {

@@ -123,7 +123,7 @@ pub(crate) struct EventsConfig {
 pub(crate) struct DeclaredSubscriptionConfig {
     pub(crate) url: String,
     pub(crate) event_types: Vec<String>,
-    pub(crate) secret: crate::events::secret::SigningSecret,
+    pub(crate) secret: crate::webhook::SigningSecret,
 }
 
 /// `[tools.NAME]`: what the file changes about one tool.

@@ -9,12 +9,12 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use super::secret::SigningSecret;
 use super::settings::{DECLARED_PREFIX, EventSettings, EventType};
 use crate::health::Health;
 use crate::idempotency::{DeliveryAttempt, IdempotencyStore, OutboxEvent, StoredSubscription};
 use crate::settings::Current;
 use crate::tool_error::{ToolError, clip};
+use crate::webhook::SigningSecret;
 use crate::wire::codes;
 use crate::wire::subscriptions::{MAX_DESCRIPTION_BYTES, MAX_URL_BYTES};
 

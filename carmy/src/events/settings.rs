@@ -6,11 +6,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::deliver::{Deliverer, DeliveryPolicy};
-use super::secret::SigningSecret;
-use super::ssrf::AllowedNetworks;
 use crate::config::EventsConfig;
 use crate::error::Error;
+use crate::webhook::{AllowedNetworks, Deliverer, DeliveryPolicy, SigningSecret};
 
 /// The event types carmy emits (`protocol.md` §8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -12,11 +12,10 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::deliver::AttemptOutcome;
-use super::secret::SigningSecret;
 use super::service::{Events, now_millis};
 use super::settings::{EventSettings, EventType};
 use crate::idempotency::{AfterAttempt, ClaimedDelivery, DeliveryAttempt, StoredSubscription};
+use crate::webhook::{AttemptOutcome, SigningSecret};
 
 /// Attempts in flight at once, across all subscriptions.
 const CONCURRENT_ATTEMPTS: usize = 32;

@@ -288,7 +288,7 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
-    use crate::events::signature::verify;
+    use crate::webhook::verify;
 
     /// Loopback receivers are allowed here: every test receiver listens on 127.0.0.1.
     fn loopback_policy() -> DeliveryPolicy {
