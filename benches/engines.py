@@ -6,10 +6,10 @@
 For each engine, interleaved for --rounds rounds:
 - the engine alone, running the store's own statements for one call with a fresh request_id:
   PostgreSQL with `pgbench -M prepared` running the RESERVE and the FINISH statements read from
-  carmy/src/idempotency/postgres.rs (parameters made literals, each autocommitted, as carmy
+  carmy/src/store/postgres/keys.rs (parameters made literals, each autocommitted, as carmy
   sends them); Redis
   with `redis-benchmark` running `EVALSHA` of the RESERVE and FINISH scripts read from
-  carmy/src/idempotency/redis.rs (a pass of each, fresh keys, then finishing those keys; one
+  carmy/src/store/redis/scripts.rs (a pass of each, fresh keys, then finishing those keys; one
   call is one of each, so its rate is 1 / (1/reserve + 1/finish));
 - the example (release build, pinned to CPU 0, its default logging to a file) on that store,
   `wrk` on CPU 1 with the same number of connections, `create_order` with a fresh request_id.
@@ -48,7 +48,7 @@ def run(command, **kwargs):
 
 def postgres_statement(name):
     """A statement of the PostgreSQL store, as its source holds it: `const NAME: &str = "\\…";`."""
-    source = (ROOT / "carmy/src/idempotency/postgres.rs").read_text()
+    source = (ROOT / "carmy/src/store/postgres/keys.rs").read_text()
     return re.search(rf'const {name}: &str = "\\\n(.*?)";', source, re.S).group(1)
 
 
@@ -83,7 +83,7 @@ def pgbench(seconds, clients):
 
 def redis_script(name):
     """A script of the Redis store, as its source holds it: `const NAME: &str = r"…";`."""
-    source = (ROOT / "carmy/src/idempotency/redis.rs").read_text()
+    source = (ROOT / "carmy/src/store/redis/scripts.rs").read_text()
     return re.search(rf'const {name}: &str = r"(.*?)";', source, re.S).group(1)
 
 

@@ -6,10 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use carmy::idempotency::{
-    ExecutionStatus, Fingerprint, Finish, IdempotencyKey, IdempotencyStore, MemoryStore,
-    StoredResponse,
-};
+use carmy::ExecutionStatus;
+use carmy::store::{Fingerprint, Finish, IdempotencyKey, KeyStore, MemoryStore, StoredResponse};
 use serde_json::json;
 
 #[allow(dead_code, clippy::all)]
@@ -76,21 +74,18 @@ fn store_reserve_finish(bencher: divan::Bencher<'_, '_>, tasks: usize) {
                         let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         tokio::spawn(async move {
                             let key = IdempotencyKey::new("bench", format!("k{n}"));
-                            let fingerprint = Fingerprint {
-                                tool: Arc::from("create_order"),
-                                digest: [1; 32],
-                            };
+                            let fingerprint = Fingerprint::new("create_order", [1; 32]);
                             store
                                 .reserve(&key, &fingerprint, &Arc::from("exec"), ttl, ttl)
                                 .await
                                 .expect("memory store");
-                            let response = StoredResponse {
-                                execution_id: Arc::from("exec"),
-                                status: ExecutionStatus::Completed,
-                                category: None,
-                                code: None,
-                                body: Bytes::from_static(b"{}"),
-                            };
+                            let response = StoredResponse::new(
+                                "exec",
+                                ExecutionStatus::Completed,
+                                None,
+                                None,
+                                Bytes::from_static(b"{}"),
+                            );
                             store
                                 .finish(&key, Finish::Response(&response), ttl)
                                 .await

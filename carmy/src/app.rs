@@ -14,7 +14,6 @@ use crate::context::TrustLevel;
 use crate::error::Error;
 use crate::health::{Dependencies, Health};
 use crate::http::{self, HttpSettings};
-use crate::idempotency::{IdempotencyStore, MemoryStore};
 #[cfg(feature = "mcp")]
 use crate::mcp::{self, McpHandler, McpSettings};
 use crate::protection::{Limiter, Protection, RateLimit, RateLimiter};
@@ -24,6 +23,7 @@ use crate::serve::{self, Server};
 use crate::settings::Reloader;
 use crate::settings::{Base, Current};
 use crate::state::StateMap;
+use crate::store::{Engine, EventStore, ExecutionStore, KeyStore, StoreChoice};
 use crate::tool::{self, ToolDescriptor};
 
 /// Starts an app with every tool registered by `#[carmy::tool]` in the program.
@@ -45,7 +45,7 @@ pub struct App {
     name: Option<String>,
     tools: Vec<&'static ToolDescriptor>,
     states: StateMap,
-    store: Option<Arc<dyn IdempotencyStore>>,
+    stores: StoreChoice,
     settings: Settings,
     http: HttpSettings,
     protection: Protection,
@@ -96,7 +96,7 @@ impl App {
             name: None,
             tools: Vec::new(),
             states: StateMap::default(),
-            store: None,
+            stores: StoreChoice::default(),
             settings: Settings::default(),
             http: HttpSettings::default(),
             protection: Protection::default(),
@@ -158,9 +158,34 @@ impl App {
         self
     }
 
-    /// Where idempotency records live (default: a [`MemoryStore`] of 100,000 records).
-    pub fn idempotency_store(mut self, store: impl IdempotencyStore) -> Self {
-        self.store = Some(Arc::new(store));
+    /// The engine that keeps idempotency records, executions and events (default: a
+    /// [`MemoryStore`](crate::store::MemoryStore) of 100,000 records): a shared one
+    /// ([`connect`](crate::store::connect)) when several replicas serve the app. It replaces
+    /// the stores set before; [`App::key_store`] and its siblings called after it replace
+    /// their concern's.
+    pub fn store(mut self, engine: impl Engine) -> Self {
+        self.stores.engine(engine);
+        self
+    }
+
+    /// Where idempotency records live, whatever keeps the other concerns: the concerns given
+    /// no store (here or by [`App::store`]) share one in-memory engine.
+    pub fn key_store(mut self, store: impl KeyStore) -> Self {
+        self.stores.keys(store);
+        self
+    }
+
+    /// Where executions are kept for their callers (`protocol.md` §9), whatever keeps the
+    /// other concerns (see [`App::key_store`]).
+    pub fn execution_store(mut self, store: impl ExecutionStore) -> Self {
+        self.stores.executions(store);
+        self
+    }
+
+    /// Where event subscriptions and the outbox live (`protocol.md` §8), whatever keeps the
+    /// other concerns (see [`App::key_store`]).
+    pub fn event_store(mut self, store: impl EventStore) -> Self {
+        self.stores.events(store);
         self
     }
 
@@ -529,12 +554,12 @@ impl App {
         };
         let catalog = Catalog::build(self.tools, &self.states)?;
         log_tools(&catalog);
-        let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let stores = self.stores.build();
         #[cfg_attr(not(feature = "events"), expect(unused_mut))]
         let mut runtime = Runtime::new(
             &catalog,
             self.states,
-            Arc::clone(&store),
+            stores.clone(),
             self.settings.clone(),
             self.health.clone(),
             &self.reloads,
@@ -557,15 +582,8 @@ impl App {
         };
         #[cfg(feature = "events")]
         let events = {
-            if current.load().events.is_some() && !store.keeps_events() {
-                return Err(Error::Config(
-                    "[events] needs an idempotency store that keeps an event outbox; this one \
-                     does not"
-                        .to_owned(),
-                ));
-            }
             let events = crate::events::Events::new(
-                Arc::clone(&store),
+                Arc::clone(&stores.events),
                 Arc::clone(&current),
                 self.health.clone(),
             );
@@ -589,7 +607,7 @@ impl App {
         };
         self.health.watch(
             Dependencies {
-                store,
+                store: stores.keys,
                 limiter,
                 rate_limited: Box::new(rate_limited),
             },

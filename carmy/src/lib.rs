@@ -21,7 +21,6 @@ mod events;
 mod executions;
 pub mod health;
 mod http;
-pub mod idempotency;
 #[cfg(feature = "mcp")]
 mod mcp;
 
@@ -34,6 +33,7 @@ mod serve;
 mod settings;
 mod state;
 mod status;
+pub mod store;
 mod telemetry;
 pub mod testing;
 #[cfg(any(feature = "postgres", feature = "redis", feature = "events"))]

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use carmy::ExecutionStatus;
-use carmy::idempotency::{
-    Cancellation, IdempotencyStore, RecordedEvent, RecordedOutcome, StoreOptions, StoredResponse,
+use carmy::store::{
+    Cancellation, ExecutionStore, RecordedEvent, RecordedOutcome, StoreOptions, StoredResponse,
 };
 use carmy_tests::{Proxy, run_id, server_url};
 
@@ -22,7 +22,7 @@ const ANNOUNCED_WITHIN: Duration = Duration::from_secs(10);
 
 /// Resolves once `reader` is hearing announcements again: its wait for an execution nobody
 /// changes no longer ends at the next poll (200 ms) while it is not listening.
-async fn until_listening(reader: &dyn IdempotencyStore, execution_id: &str) {
+async fn until_listening(reader: &dyn ExecutionStore, execution_id: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while tokio::time::timeout(
         Duration::from_millis(600),
@@ -38,7 +38,7 @@ async fn until_listening(reader: &dyn IdempotencyStore, execution_id: &str) {
     }
 }
 
-async fn announced(reader: &dyn IdempotencyStore, execution_id: &str, change: impl Future) {
+async fn announced(reader: &dyn ExecutionStore, execution_id: &str, change: impl Future) {
     let woken = reader.execution_changed(execution_id);
     change.await;
     tokio::time::timeout(ANNOUNCED_WITHIN, woken)
@@ -48,8 +48,8 @@ async fn announced(reader: &dyn IdempotencyStore, execution_id: &str, change: im
 
 /// `writer` and `reader` share one engine; `reader` goes through `proxy`.
 async fn changes_reach_the_other_replica(
-    writer: Arc<dyn IdempotencyStore>,
-    reader: Arc<dyn IdempotencyStore>,
+    writer: Arc<dyn ExecutionStore>,
+    reader: Arc<dyn ExecutionStore>,
     proxy: &Proxy,
     name: &str,
 ) {
@@ -61,10 +61,7 @@ async fn changes_reach_the_other_replica(
         .unwrap();
     until_listening(&*reader, &execution_id).await;
 
-    let progress = |id: u64| RecordedEvent {
-        id,
-        data: Bytes::from(format!("{{\"progress\":{id}}}")),
-    };
+    let progress = |id: u64| RecordedEvent::new(id, Bytes::from(format!("{{\"progress\":{id}}}")));
     announced(
         &*reader,
         &execution_id,
@@ -93,24 +90,17 @@ async fn changes_reach_the_other_replica(
         writer.record_progress(&execution_id, progress(3)),
     )
     .await;
-    let response = StoredResponse {
-        execution_id: Arc::clone(&execution_id),
-        status: ExecutionStatus::Completed,
-        category: None,
-        code: None,
-        body: Bytes::from_static(b"{}"),
-    };
+    let response = StoredResponse::new(
+        Arc::clone(&execution_id),
+        ExecutionStatus::Completed,
+        None,
+        None,
+        Bytes::from_static(b"{}"),
+    );
     announced(
         &*reader,
         &execution_id,
-        writer.end_execution(
-            &execution_id,
-            RecordedOutcome {
-                response,
-                event_id: 4,
-            },
-            NEVER,
-        ),
+        writer.end_execution(&execution_id, RecordedOutcome::new(response, 4), NEVER),
     )
     .await;
 }
@@ -119,10 +109,10 @@ async fn over_a_proxy(url: &str, name: &str) {
     let (target, with_authority) = split_authority(url);
     let proxy = Proxy::start(target).await;
     let options = StoreOptions::new().execution_recheck(NEVER);
-    let writer = carmy::idempotency::connect_with(url, options.clone())
+    let writer = carmy::store::connect_with(url, options.clone())
         .await
         .unwrap();
-    let reader = carmy::idempotency::connect_with(&with_authority(proxy.addr), options)
+    let reader = carmy::store::connect_with(&with_authority(proxy.addr), options)
         .await
         .unwrap();
     changes_reach_the_other_replica(writer, reader, &proxy, name).await;

@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::http::request::Parts;
 use axum::http::{Request, StatusCode};
 use carmy::auth::Authenticator;
-use carmy::idempotency::{IdempotencyStore, PostgresStore, RedisStore};
+use carmy::store::{Engine, PostgresStore, RedisStore};
 use carmy::{Context, JsonSchema, Principal, State, ToolError, TrustLevel};
 use carmy_tests::{Answer, Server, execute_request, get, parse_sse, send};
 use futures_util::future::BoxFuture;
@@ -722,10 +722,10 @@ async fn the_testing_client_starts_waits_for_and_cancels_async_calls() {
 /// Two replicas sharing `store_a`'s and `store_b`'s engine: an execution started on A is read,
 /// re-attached, listed and cancelled on B; the replica running it learns of the cancellation
 /// within 1 s.
-async fn across_replicas(store_a: impl IdempotencyStore, store_b: impl IdempotencyStore) {
+async fn across_replicas(store_a: impl Engine, store_b: impl Engine) {
     let (probe_a, probe_b) = (Probe::default(), Probe::default());
-    let a = app(&probe_a).idempotency_store(store_a).router().unwrap();
-    let b = app(&probe_b).idempotency_store(store_b).router().unwrap();
+    let a = app(&probe_a).store(store_a).router().unwrap();
+    let b = app(&probe_b).store(store_b).router().unwrap();
 
     let accepted = start(&a, &chatter(3, 600), &[ALICE, ASYNC]).await;
     assert_eq!(accepted.status, StatusCode::ACCEPTED);

@@ -10,10 +10,10 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use carmy::auth::{TokenAuthenticator, hash_token};
 use carmy::health::{HealthChanged, HealthState, TransitionError};
-use carmy::idempotency::{
-    Fingerprint, Finish, IdempotencyKey, IdempotencyStore, MemoryStore, Reservation, StoreError,
-};
 use carmy::protection::RateLimit;
+use carmy::store::{
+    Fingerprint, Finish, IdempotencyKey, KeyStore, MemoryStore, Reservation, StoreError,
+};
 use carmy::{Context, Principal, ToolError, TrustLevel};
 use carmy_tests::{Answer, Proxy, execute, get, send, server_url};
 use futures_util::future::BoxFuture;
@@ -328,7 +328,7 @@ struct Flaky {
     pings: Arc<AtomicU64>,
 }
 
-impl IdempotencyStore for Flaky {
+impl KeyStore for Flaky {
     fn reserve<'a>(
         &'a self,
         key: &'a IdempotencyKey,
@@ -365,7 +365,7 @@ impl IdempotencyStore for Flaky {
     fn ping(&self) -> Option<BoxFuture<'_, Result<(), StoreError>>> {
         self.pings.fetch_add(1, Ordering::SeqCst);
         let result = if self.down.load(Ordering::SeqCst) {
-            Err(StoreError("connection refused by db-7".into()))
+            Err(StoreError::message("connection refused by db-7"))
         } else {
             Ok(())
         };
@@ -379,7 +379,7 @@ async fn a_failing_store_fails_readiness_and_recovers() {
     store.down.store(true, Ordering::SeqCst);
     let app = tools::app(&Probe::default())
         .authenticator(tokens())
-        .idempotency_store(store.clone())
+        .key_store(store.clone())
         .health_check_interval(Duration::from_millis(20));
     let mut events = app.health().subscribe();
     let router = app.router().unwrap();
@@ -436,7 +436,7 @@ async fn checks_are_cached_and_one_failure_only_warns() {
     let store = Flaky::default();
     store.down.store(true, Ordering::SeqCst);
     let router = tools::app(&Probe::default())
-        .idempotency_store(store.clone())
+        .key_store(store.clone())
         .health_check_interval(Duration::from_secs(3600))
         .router()
         .unwrap();
@@ -466,11 +466,11 @@ async fn checks_are_cached_and_one_failure_only_warns() {
 async fn a_real_store_going_away_fails_readiness(url: &str) {
     let (target, with_authority) = split_authority(url);
     let proxy = Proxy::start(target).await;
-    let store = carmy::idempotency::connect(&with_authority(proxy.addr))
+    let store = carmy::store::connect(&with_authority(proxy.addr))
         .await
         .unwrap();
     let router = tools::app(&Probe::default())
-        .idempotency_store(store)
+        .store(store)
         .health_check_interval(Duration::from_millis(50))
         .router()
         .unwrap();

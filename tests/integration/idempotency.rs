@@ -285,7 +285,7 @@ async fn sixty_four_concurrent_duplicates_run_once_and_all_get_the_answer() {
 async fn a_full_store_of_running_calls_is_503_idempotency_capacity() {
     let probe = Probe::default();
     let router = tools::app(&probe)
-        .idempotency_store(carmy::idempotency::MemoryStore::with_capacity(1))
+        .store(carmy::store::MemoryStore::with_capacity(1))
         .router()
         .unwrap();
     let slow = tokio::spawn({

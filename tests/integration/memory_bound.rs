@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use carmy::idempotency::MemoryStore;
+use carmy::store::MemoryStore;
 use carmy_tests::{execute, run_id, send};
 use serde_json::json;
 
@@ -17,7 +17,7 @@ async fn large_answers_stay_within_the_memory_stores_byte_budget() {
     const BUDGET: usize = 1024 * 1024;
     let store = Arc::new(MemoryStore::with_limits(100_000, BUDGET));
     let router = tools::app(&Probe::default())
-        .idempotency_store(Arc::clone(&store))
+        .store(Arc::clone(&store))
         .router()
         .unwrap();
     let text = "x".repeat(100 * 1024);
@@ -69,7 +69,7 @@ async fn a_flood_by_one_caller_evicts_none_of_another_callers_records() {
     let store = Arc::new(MemoryStore::with_limits(256, BUDGET));
     let probe = Probe::default();
     let router = executions::app(&probe)
-        .idempotency_store(Arc::clone(&store))
+        .store(Arc::clone(&store))
         .router()
         .unwrap();
     let order = json!({

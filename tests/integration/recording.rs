@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use carmy::idempotency::{
-    Fingerprint, Finish, IdempotencyKey, IdempotencyStore, MemoryStore, Reservation, StoreError,
+use carmy::store::{
+    Fingerprint, Finish, IdempotencyKey, KeyStore, MemoryStore, Reservation, StoreError,
 };
 use carmy_tests::execute;
 use futures_util::future::BoxFuture;
@@ -28,10 +28,10 @@ struct Failing {
 }
 
 fn outage() -> StoreError {
-    StoreError(Box::new(std::io::Error::other("connection refused")))
+    StoreError::new(std::io::Error::other("connection refused"))
 }
 
-impl IdempotencyStore for Failing {
+impl KeyStore for Failing {
     fn reserve<'a>(
         &'a self,
         key: &'a IdempotencyKey,
@@ -87,7 +87,7 @@ async fn an_outcome_the_store_fails_to_record_is_tried_again() {
         ..Failing::default()
     });
     let router = tools::app(&probe)
-        .idempotency_store(Arc::clone(&store))
+        .key_store(Arc::clone(&store))
         .default_timeout(Duration::from_secs(2))
         .router()
         .unwrap();
@@ -167,7 +167,7 @@ async fn a_store_outage_is_not_logged_once_per_call() {
         ..Failing::default()
     };
     let router = tools::app(&Probe::default())
-        .idempotency_store(store)
+        .key_store(store)
         .router()
         .unwrap();
     for index in 0..2_000 {

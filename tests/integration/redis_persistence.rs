@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use carmy::idempotency::RedisStore;
+use carmy::store::RedisStore;
 use carmy_tests::{RedisServer, TempDir, server_url};
 use tracing::Level;
 use tracing::field::{Field, Visit};

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use carmy::TrustLevel;
-use carmy::idempotency::StoreOptions;
 use carmy::protection::{RateLimit, RedisRateLimiter};
+use carmy::store::StoreOptions;
 use carmy_tests::{Answer, Proxy, execute, run_id, server_url};
 use serde_json::json;
 
@@ -66,14 +66,11 @@ pub(crate) fn split_authority(url: &str) -> (SocketAddr, impl Fn(SocketAddr) -> 
 async fn an_outage_after_start_up_is_503(url: &str) {
     let (target, with_authority) = split_authority(url);
     let proxy = Proxy::start(target).await;
-    let store = carmy::idempotency::connect(&with_authority(proxy.addr))
+    let store = carmy::store::connect(&with_authority(proxy.addr))
         .await
         .expect("the store is reachable at start-up");
     let probe = Probe::default();
-    let router = tools::app(&probe)
-        .idempotency_store(store)
-        .router()
-        .unwrap();
+    let router = tools::app(&probe).store(store).router().unwrap();
     let call = |request_id: &str| json!({ "tool": "count", "arguments": { "text": "a" }, "request_id": format!("{}-{request_id}", run_id()) });
     assert_eq!(
         execute(&router, &call("before")).await.status,
@@ -114,14 +111,11 @@ async fn redis_going_away_answers_503_idempotency_unavailable() {
 async fn a_stall_is_503_in_time_and_the_call_never_runs(url: &str) {
     let (target, with_authority) = split_authority(url);
     let proxy = Proxy::start(target).await;
-    let store = carmy::idempotency::connect_with(&with_authority(proxy.addr), quick())
+    let store = carmy::store::connect_with(&with_authority(proxy.addr), quick())
         .await
         .expect("the store is reachable at start-up");
     let probe = Probe::default();
-    let router = tools::app(&probe)
-        .idempotency_store(store)
-        .router()
-        .unwrap();
+    let router = tools::app(&probe).store(store).router().unwrap();
     let call = |request_id: &str| json!({ "tool": "count", "arguments": { "text": "a" }, "request_id": format!("{}-stall-{request_id}", run_id()) });
     assert_eq!(
         execute(&router, &call("before")).await.status,
@@ -161,14 +155,11 @@ async fn a_retry_does_not_wait_for_a_lock_on_its_postgres_record() {
     let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
         return;
     };
-    let store = carmy::idempotency::connect_with(&url, quick())
+    let store = carmy::store::connect_with(&url, quick())
         .await
         .expect("the store is reachable");
     let probe = Probe::default();
-    let router = tools::app(&probe)
-        .idempotency_store(store)
-        .router()
-        .unwrap();
+    let router = tools::app(&probe).store(store).router().unwrap();
     let request_id = format!("{}-locked", run_id());
     let call = json!({ "tool": "count", "arguments": { "text": "a" }, "request_id": request_id });
     assert_eq!(execute(&router, &call).await.status, StatusCode::OK);
@@ -209,11 +200,11 @@ async fn a_stall_is_503_in_time_for_every_execution_request(url: &str) {
     use crate::executions::{ALICE, ASYNC, chatter, request, start, wait_ended};
     let (target, with_authority) = split_authority(url);
     let proxy = Proxy::start(target).await;
-    let store = carmy::idempotency::connect_with(&with_authority(proxy.addr), quick())
+    let store = carmy::store::connect_with(&with_authority(proxy.addr), quick())
         .await
         .expect("the store is reachable at start-up");
     let router = crate::executions::app(&Probe::default())
-        .idempotency_store(store)
+        .store(store)
         .router()
         .unwrap();
     let accepted = start(&router, &chatter(1, 50), &[ALICE, ASYNC]).await;
@@ -280,16 +271,13 @@ async fn time_limits_can_be_set_in_the_store_url() {
     };
     let (target, with_authority) = split_authority(&url);
     let proxy = Proxy::start(target).await;
-    let store = carmy::idempotency::connect(&format!(
+    let store = carmy::store::connect(&format!(
         "{}?command_timeout=500ms&acquire_timeout=500ms",
         with_authority(proxy.addr)
     ))
     .await
     .expect("the store is reachable at start-up");
-    let router = tools::app(&Probe::default())
-        .idempotency_store(store)
-        .router()
-        .unwrap();
+    let router = tools::app(&Probe::default()).store(store).router().unwrap();
     proxy.pause();
     let call = json!({ "tool": "count", "arguments": { "text": "a" }, "request_id": format!("{}-url", run_id()) });
     refused_in_time(&router, &call, "IDEMPOTENCY_UNAVAILABLE").await;
@@ -335,7 +323,7 @@ async fn an_unreachable_store_is_a_start_up_error() {
         format!("postgres://postgres@{closed}/test"),
         format!("redis://{closed}"),
     ] {
-        let error = carmy::idempotency::connect(&url)
+        let error = carmy::store::connect(&url)
             .await
             .err()
             .unwrap_or_else(|| panic!("{url} connected"));
@@ -356,7 +344,7 @@ async fn bad_store_urls_are_clear_errors() {
             "unknown idempotency store scheme `127.0.0.1`",
         ),
     ] {
-        let error = carmy::idempotency::connect(url).await.err().expect(url);
+        let error = carmy::store::connect(url).await.err().expect(url);
         assert!(error.to_string().contains(expected), "{url}: {error}");
     }
 }

@@ -6,18 +6,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use carmy::idempotency::{
-    Fingerprint, Finish, IdempotencyKey, IdempotencyStore, RedisStore, Reservation, StoreOptions,
+use carmy::store::{
+    Fingerprint, Finish, IdempotencyKey, KeyStore, RedisStore, Reservation, StoreOptions,
 };
 use carmy_tests::{Certificates, RedisServer, TempDir, run_id, server_url};
 
 /// Reserve, finish, replay: the store works over this connection.
-async fn round_trip(store: &dyn IdempotencyStore, name: &str) {
+async fn round_trip(store: &dyn KeyStore, name: &str) {
     let key = IdempotencyKey::new(format!("tls-{}", run_id()), name);
-    let fingerprint = Fingerprint {
-        tool: Arc::from("t"),
-        digest: [1; 32],
-    };
+    let fingerprint = Fingerprint::new("t", [1; 32]);
     let (execution_id, time) = (Arc::from("exec_tls"), Duration::from_secs(60));
     assert!(matches!(
         store
@@ -26,13 +23,13 @@ async fn round_trip(store: &dyn IdempotencyStore, name: &str) {
             .unwrap(),
         Reservation::Reserved
     ));
-    let response = carmy::idempotency::StoredResponse {
-        execution_id: execution_id.clone(),
-        status: carmy::ExecutionStatus::Completed,
-        category: None,
-        code: None,
-        body: bytes::Bytes::from_static(b"{}"),
-    };
+    let response = carmy::store::StoredResponse::new(
+        execution_id.clone(),
+        carmy::ExecutionStatus::Completed,
+        None,
+        None,
+        bytes::Bytes::from_static(b"{}"),
+    );
     store
         .finish(&key, Finish::Response(&response), time)
         .await
@@ -89,7 +86,7 @@ async fn postgres_sslmode_require_encrypts() {
     };
     let (client, _) = server_certificate(&url).await;
     let application = format!("carmy-require-{}", std::process::id());
-    let store = carmy::idempotency::connect(&format!(
+    let store = carmy::store::connect(&format!(
         "{url}?sslmode=require&application_name={application}"
     ))
     .await
@@ -107,7 +104,7 @@ async fn postgres_sslmode_verify_full_checks_the_certificate_and_the_name() {
     // The same server, by the name its certificate carries.
     let by_name = url.replace("127.0.0.1", "localhost");
     let application = format!("carmy-verify-{}", std::process::id());
-    let store = carmy::idempotency::connect(&format!(
+    let store = carmy::store::connect(&format!(
         "{by_name}?sslmode=verify-full&sslrootcert={certificate}&application_name={application}"
     ))
     .await
@@ -116,7 +113,7 @@ async fn postgres_sslmode_verify_full_checks_the_certificate_and_the_name() {
     assert_encrypted(&client, &application).await;
 
     // By another name than the certificate's: refused.
-    let error = carmy::idempotency::connect(&format!(
+    let error = carmy::store::connect(&format!(
         "{url}?sslmode=verify-full&sslrootcert={certificate}"
     ))
     .await
@@ -127,7 +124,7 @@ async fn postgres_sslmode_verify_full_checks_the_certificate_and_the_name() {
     // Against roots that did not sign it: refused.
     let dir = TempDir::new("pg-other-ca");
     let other = Certificates::make(&dir.0);
-    let error = carmy::idempotency::connect_with(
+    let error = carmy::store::connect_with(
         &format!("{by_name}?sslmode=verify-full"),
         StoreOptions::new().root_certificates_pem(std::fs::read(&other.ca).unwrap()),
     )
@@ -174,7 +171,7 @@ async fn redis_over_tls_with_a_private_ca() {
     .expect("connects over TLS, trusting the private CA");
     round_trip(&store, "rediss").await;
     // The same through `connect`, the CA named in the URL.
-    let store = carmy::idempotency::connect(&format!("{url}?sslrootcert={ca}"))
+    let store = carmy::store::connect(&format!("{url}?sslrootcert={ca}"))
         .await
         .expect("connects over TLS, trusting the CA of sslrootcert");
     round_trip(&*store, "rediss-url").await;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::http::StatusCode;
-use carmy::idempotency::IdempotencyStore;
+use carmy::store::Engine;
 use serde_json::{Value, json};
 
 use crate::webhooks::{
@@ -16,8 +16,8 @@ use crate::webhooks::{
 };
 
 /// The memory store, the example's default.
-fn memory() -> Arc<dyn IdempotencyStore> {
-    Arc::new(carmy::idempotency::MemoryStore::new())
+fn memory() -> Arc<dyn Engine> {
+    Arc::new(carmy::store::MemoryStore::new())
 }
 
 /// A URL of exactly `length` bytes, on loopback (which the tests' SSRF guard allows).
@@ -212,7 +212,7 @@ async fn the_postgres_list_comes_in_pages() {
 /// The declared subscription first, then the store's oldest first, `limit` at a time, each page
 /// naming the next until the last (`next_cursor: null`); a cursor whose subscription was
 /// deleted still goes on; a bad `limit` or `cursor` is a `400` naming it.
-async fn pages(store: Arc<dyn IdempotencyStore>) {
+async fn pages(store: Arc<dyn Engine>) {
     let declared = "[[events.subscriptions]]\nurl = \"http://127.0.0.1:9/declared\"\nevent_types = [\"tools.changed\"]\nsecret_env = \"HOOKS_SECRET\"\n";
     let whsec = declared_secret().to_whsec();
     let router = app_with_env(

@@ -441,7 +441,7 @@ async fn redis_database(database: u32) -> Option<String> {
         .filter(|(_, db)| db.parse::<u32>().is_ok())
         .map_or(base, |(base, _)| base);
     let scoped = format!("{base}/{database}");
-    let store = carmy::idempotency::connect(&scoped).await.unwrap();
+    let store = carmy::store::connect(&scoped).await.unwrap();
     for left in store.subscriptions().await.unwrap() {
         store.delete_subscription(&left.id).await.unwrap();
     }

@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use carmy::auth::hash_token;
-use carmy::idempotency::IdempotencyStore;
+use carmy::store::Engine;
 use carmy::webhook::SigningSecret;
 use carmy::webhook::verify;
 use carmy_tests::{Answer, Server, TempDir, execute_request, send, server_url};
@@ -65,7 +65,7 @@ const SHORT: &[&str] = &["200ms", "400ms"];
 /// The store a test's app keeps its outbox in: PostgreSQL, in a schema of the test's own (each
 /// app's worker delivers everything in its outbox, so two tests must never share one). `None`
 /// (the test is skipped) without `CARMY_TEST_POSTGRES_URL`.
-pub(crate) async fn postgres(test: &str) -> Option<Arc<dyn IdempotencyStore>> {
+pub(crate) async fn postgres(test: &str) -> Option<Arc<dyn Engine>> {
     let url = server_url("CARMY_TEST_POSTGRES_URL")?;
     let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
@@ -80,23 +80,23 @@ pub(crate) async fn postgres(test: &str) -> Option<Arc<dyn IdempotencyStore>> {
         .unwrap();
     let separator = if url.contains('?') { '&' } else { '?' };
     let scoped = format!("{url}{separator}options=-csearch_path%3D{schema}");
-    Some(carmy::idempotency::connect(&scoped).await.unwrap())
+    Some(carmy::store::connect(&scoped).await.unwrap())
 }
 
 /// The store of the tests that do not name one: the memory store, the example's default.
 #[expect(clippy::unused_async, reason = "the same shape as `postgres`")]
-async fn store(_test: &str) -> Option<Arc<dyn IdempotencyStore>> {
-    Some(Arc::new(carmy::idempotency::MemoryStore::new()))
+async fn store(_test: &str) -> Option<Arc<dyn Engine>> {
+    Some(Arc::new(carmy::store::MemoryStore::new()))
 }
 
 /// An app with the test tools, `tokens()` and `events` (no `[events]` table when empty), its
 /// outbox in `store`.
-pub(crate) fn app(store: &Arc<dyn IdempotencyStore>, events: &str) -> carmy::App {
+pub(crate) fn app(store: &Arc<dyn Engine>, events: &str) -> carmy::App {
     app_with_env(store, events, &[])
 }
 
 pub(crate) fn app_with_env(
-    store: &Arc<dyn IdempotencyStore>,
+    store: &Arc<dyn Engine>,
     events: &str,
     env: &[(&str, &str)],
 ) -> carmy::App {
@@ -108,7 +108,7 @@ pub(crate) fn app_with_env(
     .unwrap();
     tools::app(&Probe::default())
         .tool(crate::executions::detached::TOOL)
-        .idempotency_store(Arc::clone(store))
+        .store(Arc::clone(store))
         .config(config)
 }
 
@@ -770,7 +770,7 @@ async fn the_event_is_in_the_postgres_outbox_before_the_call_is_answered() {
     }
 }
 
-async fn outbox_first(store: Arc<dyn IdempotencyStore>) {
+async fn outbox_first(store: Arc<dyn Engine>) {
     // Down, and retried only in an hour: the event stays in the outbox.
     let router = app(&store, &events_table(&["1h"], "")).router().unwrap();
     let subscription = subscribe(&router, &down_url().await, &["execution.finished"]).await;
@@ -1299,7 +1299,7 @@ async fn a_reload_that_hides_a_tool_delivers_tools_changed() {
     let text = format!("{}\n{}", tokens(), events_table(SHORT, ""));
     std::fs::write(&path, &text).unwrap();
     let router = tools::app(&Probe::default())
-        .idempotency_store(Arc::clone(&store))
+        .store(Arc::clone(&store))
         .config_file(&path)
         .unwrap()
         .router()
@@ -1527,7 +1527,7 @@ async fn every_attempt_is_checked_against_the_networks_in_force() {
     )
     .unwrap();
     let router = tools::app(&Probe::default())
-        .idempotency_store(Arc::clone(&store))
+        .store(Arc::clone(&store))
         .config_file(&path)
         .unwrap()
         .router()

@@ -9,10 +9,8 @@ use axum::http::{Request, StatusCode};
 use bytes::Bytes;
 use tower::ServiceExt;
 
-use carmy::idempotency::{
-    ExecutionStatus, Fingerprint, Finish, IdempotencyKey, IdempotencyStore, MemoryStore,
-    StoredResponse,
-};
+use carmy::ExecutionStatus;
+use carmy::store::{Fingerprint, Finish, IdempotencyKey, KeyStore, MemoryStore, StoredResponse};
 
 #[allow(dead_code, clippy::all)]
 mod many {
@@ -44,10 +42,7 @@ async fn main() {
     let caller: Arc<str> = Arc::from("anonymous");
     for n in 0..RECORDS {
         let key = IdempotencyKey::new(caller.clone(), format!("0190c3a2-7b1e-7c3d-9f4e-{n:012}"));
-        let fingerprint = Fingerprint {
-            tool: tool.clone(),
-            digest: [n as u8; 32],
-        };
+        let fingerprint = Fingerprint::new(tool.clone(), [n as u8; 32]);
         let execution_id: Arc<str> = Arc::from(format!("exec_0190c3a2-7b1e-7c3d-9f4e-{n:012}"));
         store
             .reserve(&key, &fingerprint, &execution_id, ttl, ttl)
@@ -56,13 +51,13 @@ async fn main() {
         let body = format!(
             "{{\"execution_id\":\"{execution_id}\",\"status\":\"completed\",\"data\":{{\"order_id\":{n}}},\"_agent\":{{\"cacheable\":false,\"next_actions\":[]}}}}"
         );
-        let response = StoredResponse {
+        let response = StoredResponse::new(
             execution_id,
-            status: ExecutionStatus::Completed,
-            category: None,
-            code: None,
-            body: Bytes::from(body),
-        };
+            ExecutionStatus::Completed,
+            None,
+            None,
+            Bytes::from(body),
+        );
         store
             .finish(&key, Finish::Response(&response), ttl)
             .await

@@ -21,7 +21,7 @@ use crate::executions::{
 use crate::http::Admitted;
 use crate::http::GateLayer;
 use crate::http::sse;
-use crate::idempotency::{ExecutionQuery, ExecutionState};
+use crate::store::{ExecutionQuery, ExecutionState};
 use crate::tool_error::{ToolError, clip, retry_after_secs};
 use crate::wire::executions::{DEFAULT_PAGE, MAX_PAGE};
 use crate::wire::paths;

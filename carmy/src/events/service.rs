@@ -11,8 +11,8 @@ use tokio::sync::Notify;
 
 use super::settings::{DECLARED_PREFIX, EventSettings, EventType};
 use crate::health::Health;
-use crate::idempotency::{DeliveryAttempt, IdempotencyStore, OutboxEvent, StoredSubscription};
 use crate::settings::Current;
+use crate::store::{DeliveryAttempt, EventStore, OutboxEvent, StoredSubscription};
 use crate::tool_error::{ToolError, clip};
 use crate::webhook::SigningSecret;
 use crate::wire::codes;
@@ -31,7 +31,7 @@ const DROPS_SHOWN_FOR: Duration = Duration::from_secs(5 * 60);
 /// Publishes events and manages subscriptions; shared by the runtime, the worker and the
 /// HTTP adapter.
 pub(crate) struct Events {
-    pub(crate) store: Arc<dyn IdempotencyStore>,
+    pub(crate) store: Arc<dyn EventStore>,
     pub(crate) current: Current,
     /// Wakes the worker when an event is written here.
     pub(crate) written: Arc<Notify>,
@@ -133,11 +133,7 @@ pub(crate) struct SubscriptionChange {
 }
 
 impl Events {
-    pub(crate) fn new(
-        store: Arc<dyn IdempotencyStore>,
-        current: Current,
-        health: Health,
-    ) -> Arc<Self> {
+    pub(crate) fn new(store: Arc<dyn EventStore>, current: Current, health: Health) -> Arc<Self> {
         Arc::new(Events {
             store,
             current,
@@ -253,7 +249,7 @@ impl Events {
     /// The store's subscriptions, read at most once per [`SUBSCRIPTIONS_FRESH_FOR`].
     async fn stored_subscriptions(
         &self,
-    ) -> Result<Arc<[StoredSubscription]>, crate::idempotency::StoreError> {
+    ) -> Result<Arc<[StoredSubscription]>, crate::store::StoreError> {
         if let Some((read_at, subscriptions)) = &*self.lock_cache()
             && read_at.elapsed() < SUBSCRIPTIONS_FRESH_FOR
         {
@@ -545,7 +541,7 @@ fn not_found() -> ToolError {
     ToolError::not_found(codes::SUBSCRIPTION_NOT_FOUND, "no such subscription")
 }
 
-pub(crate) fn unavailable(error: &crate::idempotency::StoreError) -> ToolError {
+pub(crate) fn unavailable(error: &crate::store::StoreError) -> ToolError {
     tracing::error!(%error, "the event store failed");
     ToolError::capacity(codes::EVENTS_UNAVAILABLE, "the event store is unavailable")
         .retryable(Duration::from_secs(1))

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::service::{Events, now_millis};
 use super::settings::{EventSettings, EventType};
-use crate::idempotency::{AfterAttempt, ClaimedDelivery, DeliveryAttempt, StoredSubscription};
+use crate::store::{AfterAttempt, ClaimedDelivery, DeliveryAttempt, StoredSubscription};
 use crate::webhook::{AttemptOutcome, SigningSecret};
 
 /// Attempts in flight at once, across all subscriptions.

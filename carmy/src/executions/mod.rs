@@ -14,13 +14,13 @@ use bytes::Bytes;
 use futures_util::Stream;
 use serde_json::{Value, json};
 
-use crate::idempotency::{
-    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionState, ExecutionSummary,
-    IdempotencyStore, StoreError,
-};
 use crate::principal::{Principal, TrustLevel};
 use crate::runtime::{STARTED_EVENT_ID, response};
 use crate::status::ExecutionStatus;
+use crate::store::{
+    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionState, ExecutionStore,
+    ExecutionSummary, StoreError,
+};
 use crate::tool_error::ToolError;
 use crate::wire::codes;
 
@@ -35,7 +35,7 @@ pub(crate) const CANCEL_SETTLES_WITHIN: Duration = Duration::from_secs(5);
 /// The executions of one app, read back from its store.
 #[derive(Clone)]
 pub(crate) struct Executions {
-    store: Arc<dyn IdempotencyStore>,
+    store: Arc<dyn ExecutionStore>,
 }
 
 /// One event of an execution's stream, with the id it was first sent with.
@@ -66,14 +66,13 @@ pub(crate) struct Page {
 }
 
 impl Executions {
-    pub(crate) fn new(store: Arc<dyn IdempotencyStore>) -> Self {
+    pub(crate) fn new(store: Arc<dyn ExecutionStore>) -> Self {
         Executions { store }
     }
 
     /// The caller whose executions `principal` may see, if any.
     fn owner(&self, principal: &Principal) -> Option<Arc<str>> {
-        (self.store.keeps_executions() && principal.trust() != TrustLevel::Anonymous)
-            .then(|| principal.shared_id())
+        (principal.trust() != TrustLevel::Anonymous).then(|| principal.shared_id())
     }
 
     /// The caller's execution `execution_id`, if it is theirs.
@@ -217,7 +216,7 @@ impl Executions {
 
 /// A reader following one execution's events.
 struct Follow {
-    store: Arc<dyn IdempotencyStore>,
+    store: Arc<dyn ExecutionStore>,
     caller: Arc<str>,
     execution_id: Arc<str>,
     /// The id of the last event sent.

@@ -8,8 +8,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{CheckResult, CheckStatus, Health, Inner};
-use crate::idempotency::IdempotencyStore;
 use crate::protection::RateLimiter;
+use crate::store::KeyStore;
 
 /// How many failures in a row make a check fail, and readiness with it; fewer only warn, so one
 /// lost packet does not take a replica out of service.
@@ -19,7 +19,7 @@ const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the service depends on, checked when it lives outside the process.
 pub(crate) struct Dependencies {
-    pub(crate) store: Arc<dyn IdempotencyStore>,
+    pub(crate) store: Arc<dyn KeyStore>,
     /// The host's limiter; carmy's own, in process, has nothing to check.
     pub(crate) limiter: Option<Arc<dyn RateLimiter>>,
     /// Whether the configuration in force sets a rate limit: without one the limiter is never

@@ -8,8 +8,8 @@ use redis::aio::ConnectionManager;
 
 use super::rate_limit::{Decision, RateLimit, RateLimiter};
 use crate::Error;
-use crate::idempotency::record::within;
-use crate::idempotency::{StoreError, StoreOptions};
+use crate::store::record::within;
+use crate::store::{StoreError, StoreOptions};
 use crate::tool_error::{ToolError, codes};
 
 /// Counts one request in the key's fixed window (the key expires with the window, on the
@@ -54,12 +54,13 @@ impl RedisRateLimiter {
 
     /// Like [`RedisRateLimiter::connect`], with the time limits and certificates of `options`.
     pub async fn connect_with(url: &str, options: StoreOptions) -> Result<Self, Error> {
-        let (connection, _, options) = crate::idempotency::redis::open(url, &options)
-            .await
-            .map_err(|StoreError(source)| Error::Unavailable {
-                service: "the Redis rate limiter",
-                source,
-            })?;
+        let (connection, _, options) =
+            crate::store::redis::open(url, &options)
+                .await
+                .map_err(|error| Error::Unavailable {
+                    service: "the Redis rate limiter",
+                    source: error.into_source(),
+                })?;
         Ok(RedisRateLimiter {
             connection,
             count: Script::new(COUNT),
@@ -77,7 +78,7 @@ impl RedisRateLimiter {
             .arg(window_ms)
             .invoke_async(&mut self.connection.clone())
             .await
-            .map_err(|error| StoreError(Box::new(error)))?;
+            .map_err(StoreError::new)?;
         Ok(if count > u64::from(limit.requests) {
             Decision::Limited {
                 retry_after: Duration::from_millis(left_ms),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::idempotency::Fingerprint;
+use crate::store::Fingerprint;
 
 pub(crate) fn fingerprint(tool: &Arc<str>, arguments: &Value) -> Fingerprint {
     let mut hasher = Sha256::new();

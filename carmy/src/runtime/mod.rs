@@ -31,14 +31,14 @@ use crate::context::{
 };
 use crate::error::Error;
 use crate::health::Health;
-use crate::idempotency::{
-    Fingerprint, Finish, IdempotencyKey, IdempotencyStore, KEPT_PROGRESS, RecordedEvent,
-    RecordedOutcome, Reservation, StoredResponse,
-};
 use crate::principal::{Principal, TrustLevel};
 use crate::reload::Reloads;
 use crate::state::StateMap;
 pub(crate) use crate::status::ExecutionStatus;
+use crate::store::{
+    ExecutionStore, Fingerprint, Finish, IdempotencyKey, KEPT_PROGRESS, RecordedEvent,
+    RecordedOutcome, Reservation, StoredResponse, Stores,
+};
 use crate::telemetry::{self, Active, Metrics};
 use crate::tool::{CallFuture, Confirmation, Invocation, Mode, ToolDescriptor};
 use crate::tool_error::{Category, ToolError, clip};
@@ -159,7 +159,7 @@ pub(crate) fn check_request_id(request_id: &str) -> Result<(), ToolError> {
 /// The execution pipeline of one app.
 pub(crate) struct Runtime {
     states: Arc<StateMap>,
-    store: Arc<dyn IdempotencyStore>,
+    stores: Stores,
     settings: Settings,
     in_flight: Arc<InFlight>,
     /// One lock per tool declared `parallel_safe = false`.
@@ -282,7 +282,7 @@ impl Runtime {
     pub(crate) fn new(
         catalog: &Catalog,
         states: StateMap,
-        store: Arc<dyn IdempotencyStore>,
+        stores: Stores,
         settings: Settings,
         health: Health,
         reloads: &Reloads,
@@ -296,7 +296,7 @@ impl Runtime {
             .collect();
         Runtime {
             states: Arc::new(states),
-            store,
+            stores,
             in_flight: Arc::new(InFlight::new(
                 settings.max_in_flight,
                 settings
@@ -339,7 +339,7 @@ impl Runtime {
 
     /// The executions kept for their callers (`protocol.md` §9).
     pub(crate) fn executions(&self) -> crate::executions::Executions {
-        crate::executions::Executions::new(Arc::clone(&self.store))
+        crate::executions::Executions::new(Arc::clone(&self.stores.executions))
     }
 
     /// Cancels every execution still running.
@@ -574,9 +574,13 @@ impl Runtime {
     /// The answer of a detached execution, once it has ended (read back from the store).
     async fn wait_for(&self, principal: &Principal, accepted: &Accepted) -> Outcome {
         loop {
-            let changed = self.store.execution_changed(&accepted.execution_id);
+            let changed = self
+                .stores
+                .executions
+                .execution_changed(&accepted.execution_id);
             match self
-                .store
+                .stores
+                .executions
                 .execution(principal.id(), &accepted.execution_id)
                 .await
             {
@@ -670,7 +674,7 @@ impl Runtime {
         let timeout = entry.timeout.unwrap_or(self.settings.default_timeout);
         // Executions belong to an identified caller: an anonymous one could not be read back
         // by its caller alone.
-        let keepable = self.store.keeps_executions() && principal.trust() != TrustLevel::Anonymous;
+        let keepable = principal.trust() != TrustLevel::Anonymous;
         let detached = keepable
             && match descriptor.mode {
                 Mode::Async => true,
@@ -754,7 +758,8 @@ impl Runtime {
         if prepared.kept {
             let lease = prepared.deadline.saturating_duration_since(Instant::now()) + LEASE_MARGIN;
             if let Err(store_error) = self
-                .store
+                .stores
+                .executions
                 .begin_execution(
                     prepared.principal.id(),
                     &prepared.execution_id,
@@ -860,14 +865,14 @@ impl Runtime {
     ) -> Outcome {
         let (recorder, recorded) = journal_channel(KEPT_PROGRESS);
         let mut journal = Journal {
-            store: Arc::clone(&self.store),
+            store: Arc::clone(&self.stores.executions),
             execution_id: prepared.execution_id.clone(),
             events: recorded,
             forward: events.cloned(),
             next_id: FIRST_PROGRESS_ID,
         };
         let requested = cancellation_requested(
-            Arc::clone(&self.store),
+            Arc::clone(&self.stores.executions),
             prepared.principal.shared_id(),
             prepared.execution_id.clone(),
         );
@@ -886,7 +891,8 @@ impl Runtime {
         };
         let ttl = self.settings.record_ttl;
         let attempt = || {
-            self.store
+            self.stores
+                .executions
                 .end_execution(&prepared.execution_id, ended.clone(), ttl)
         };
         if let Err(error) = with_backoff(attempt, prepared.lease_end()).await
@@ -942,7 +948,8 @@ impl Runtime {
             // will never record its outcome (its process died) lets the lease pass.
             let lease = prepared.deadline.saturating_duration_since(Instant::now()) + LEASE_MARGIN;
             let reservation = self
-                .store
+                .stores
+                .keys
                 .reserve(
                     key,
                     fingerprint,
@@ -1021,7 +1028,7 @@ impl Runtime {
     fn store_failed(
         &self,
         prepared: &Prepared,
-        store_error: &crate::idempotency::StoreError,
+        store_error: &crate::store::StoreError,
         events: Option<&EventSender>,
     ) -> Outcome {
         if let Some(held_back) = self.logs.reserve.admit() {
@@ -1251,7 +1258,7 @@ impl Runtime {
     /// execution's); the failure is logged once per call, and rate-limited across calls.
     async fn keep(&self, key: &IdempotencyKey, finish: Finish<'_>, lease_end: Instant) {
         let ttl = self.settings.record_ttl;
-        let attempt = || self.store.finish(key, finish, ttl);
+        let attempt = || self.stores.keys.finish(key, finish, ttl);
         if let Err(error) = with_backoff(attempt, lease_end).await
             && let Some(held_back) = self.logs.record.admit()
         {
@@ -1267,7 +1274,7 @@ impl Runtime {
     /// Frees `key` (nothing kept) if this execution still holds it, tried again like
     /// [`Runtime::keep`].
     async fn release(&self, prepared: &Prepared, key: &IdempotencyKey) {
-        let attempt = || self.store.release(key, &prepared.execution_id);
+        let attempt = || self.stores.keys.release(key, &prepared.execution_id);
         if let Err(error) = with_backoff(attempt, prepared.lease_end()).await
             && let Some(held_back) = self.logs.release.admit()
         {
@@ -1287,7 +1294,7 @@ const FIRST_PROGRESS_ID: u64 = STARTED_EVENT_ID + 1;
 /// A kept execution's progress, numbered as the stream numbers it, written to the store and
 /// passed on to the client streaming the call.
 struct Journal {
-    store: Arc<dyn IdempotencyStore>,
+    store: Arc<dyn ExecutionStore>,
     execution_id: Arc<str>,
     events: EventReceiver,
     forward: Option<EventSender>,
@@ -1335,7 +1342,7 @@ impl Journal {
 
 /// Resolves when someone asks, through the store, for the execution to be cancelled.
 async fn cancellation_requested(
-    store: Arc<dyn IdempotencyStore>,
+    store: Arc<dyn ExecutionStore>,
     caller: Arc<str>,
     execution_id: Arc<str>,
 ) {

@@ -24,7 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let addr = std::env::var("CARMY_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
-    let store = carmy::idempotency::connect_from_env().await?;
+    let store = carmy::store::connect_from_env().await?;
     let config_path = std::env::var_os(carmy::config::CONFIG_PATH_VAR).map_or_else(
         || concat!(env!("CARGO_MANIFEST_DIR"), "/carmy.toml").into(),
         std::path::PathBuf::from,
@@ -32,7 +32,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Reloaded while serving: on SIGHUP, when the file changes, on POST /agent/admin/reload.
     // The host owns `/`: the shop serves carmy's console there too, for people.
     let app = shop::app()
-        .idempotency_store(store)
+        .store(store)
         .config_file(&config_path)?
         .merge(axum::Router::new().route("/", axum::routing::get(carmy::console::page)));
     // The program decides its transport: `shop mcp` is for desktop hosts that start it.

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use carmy::idempotency::MemoryStore;
+use carmy::store::MemoryStore;
 use carmy::{JsonSchema, ToolError};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -57,7 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let router = carmy::App::new()
         .name("rss")
         .tool(echo::TOOL)
-        .idempotency_store(Arc::clone(&store))
+        .store(Arc::clone(&store))
         .router()?;
     let text = "x".repeat(200 * 1024);
     let before = rss_mib();

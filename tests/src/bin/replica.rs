@@ -57,7 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "CREATE TABLE IF NOT EXISTS carmy_test_effects (marker text NOT NULL, replica bigint NOT NULL)",
         )
         .await?;
-    let store = carmy::idempotency::connect_from_env().await?;
+    let store = carmy::store::connect_from_env().await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("listening on {}", listener.local_addr()?);
     carmy::App::new()
@@ -66,7 +66,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .state(Effects {
             client: Arc::new(client),
         })
-        .idempotency_store(store)
+        .store(store)
         .serve_with_shutdown(listener, std::future::pending())
         .await?;
     Ok(())

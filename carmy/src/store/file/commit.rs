@@ -9,8 +9,9 @@ use std::thread::JoinHandle;
 use redb::Database;
 use tokio::sync::oneshot;
 
-use super::{RECORDS, Table, failed};
-use crate::idempotency::StoreError;
+use super::failed;
+use super::keys::{RECORDS, Table};
+use crate::store::StoreError;
 
 /// The most writes one transaction takes: the rest wait for the next.
 const MAX_BATCH: usize = 1024;

@@ -1,12 +1,12 @@
-//! The default store: in memory, bounded, sharded.
+//! The memory engine's idempotency records: independently locked shards, each a hash table
+//! of records, the line of its ended records, and its callers' accounts.
 
 mod callers;
 mod line;
-mod outbox;
 mod room;
 
-use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::hash::BuildHasher;
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,69 +17,21 @@ use tokio::time::Instant;
 
 use self::callers::{Callers, Who};
 use self::line::Line;
-use self::outbox::MemoryOutbox;
-use super::{
-    AfterAttempt, Cancellation, ClaimedDelivery, DeliveryAttempt, ExecutionQuery, ExecutionRecord,
-    ExecutionSummary, Fingerprint, Finish, IdempotencyKey, IdempotencyStore, OutboxEvent,
-    ProcessExecutions, RecordedEvent, RecordedOutcome, Reservation, StoreError, StoredResponse,
-    StoredSubscription,
-};
+use super::{MemoryStore, RECORDS_PER_SHARD};
 use crate::status::ExecutionStatus;
+use crate::store::{
+    Fingerprint, Finish, IdempotencyKey, KeyStore, Reservation, StoreError, StoredResponse,
+};
 use crate::tool_error::Category;
-
-/// Records kept by default before the oldest finished ones are evicted.
-const DEFAULT_CAPACITY: usize = 100_000;
-/// Bytes of records (mostly recorded answers) kept by default.
-const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
-/// Shards hold at least this many bytes, so one shard keeps a large answer.
-const MIN_SHARD_BYTES: usize = 4 * 1024 * 1024;
-/// Shards hold at most this many records, so a lock covers a small map: 7/8 of 4,096, the most
-/// a hash table of 4,096 buckets holds before it doubles.
-const RECORDS_PER_SHARD: usize = 3_584;
-const MAX_SHARDS: usize = 64;
-
-/// Idempotency records in this process's memory: zero setup, lost on restart, private to one
-/// replica (use a shared store when running several).
-///
-/// Bounded by a number of records and by the bytes they take (recorded answers, keys, ids):
-/// when full it evicts the oldest finished records first and never a running one, and each
-/// caller (the key's caller id) has a fair share: a caller holding at least its share makes
-/// room with its own oldest records, and one within its share never loses a record to
-/// another's. A reservation that finds no record it may evict (its caller's are all running,
-/// or only running ones remain) is refused (`IDEMPOTENCY_CAPACITY`). Records live in
-/// independently locked shards, so concurrent calls rarely contend; each shard holds an equal
-/// part of both bounds, shared fairly among the callers holding records there, and an answer
-/// larger than a shard's part is not kept: the record turns uncertain (a retry gets
-/// `EXECUTION_UNCERTAIN`, never a second run).
-///
-/// It also keeps executions for their callers (`protocol.md` §9), for this process only:
-/// another replica cannot look them up. They have a byte bound of their own, `max_bytes` as
-/// well, shared fairly among the callers in the same way: when it is reached, the executions
-/// that ended first are dropped (a caller at its share's own first), never a running one, and
-/// a new execution that still does not fit is refused (`503 IDEMPOTENCY_UNAVAILABLE`).
-///
-/// And it keeps event subscriptions and the outbox (`protocol.md` §8), in this process only:
-/// subscriptions, pending deliveries and their attempts are **lost on restart** (events not yet
-/// delivered are never sent); use a persistent store where that matters. Pending deliveries
-/// are bounded by `max_bytes` too: beyond it a new event is refused, never an old one dropped.
-pub struct MemoryStore {
-    shards: Box<[Mutex<Shard>]>,
-    limits: Limits,
-    /// Hashes a key once per operation: the hash picks its shard and finds it in the shard's
-    /// table. SipHash, randomly keyed, as `HashMap`'s, against keys chosen to collide.
-    hasher: RandomState,
-    executions: ProcessExecutions,
-    outbox: MemoryOutbox,
-}
 
 /// One shard's part of the store's bounds.
 #[derive(Clone, Copy)]
-struct Limits {
-    records: usize,
-    bytes: usize,
+pub(super) struct Limits {
+    pub(super) records: usize,
+    pub(super) bytes: usize,
 }
 
-struct Shard {
+pub(super) struct Shard {
     /// Where each record is, found by [`MemoryStore::hasher`]'s hash of its key, which the slot
     /// keeps: the table never hashes a key again, and its slots are small (a hash and a place), so
     /// a probe reads little memory.
@@ -257,60 +209,7 @@ impl Ended {
     }
 }
 
-impl Default for MemoryStore {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl std::fmt::Debug for MemoryStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryStore")
-            .field("shards", &self.shards.len())
-            .field("capacity", &self.capacity())
-            .field("len", &self.len())
-            .field("max_bytes", &self.max_bytes())
-            .field("bytes", &self.bytes())
-            .finish()
-    }
-}
-
 impl MemoryStore {
-    /// A store that keeps up to 100,000 records and 64 MiB.
-    pub fn new() -> Self {
-        Self::with_limits(DEFAULT_CAPACITY, DEFAULT_MAX_BYTES)
-    }
-
-    /// A store that keeps up to about `capacity` records (at least one) and 64 MiB.
-    pub fn with_capacity(capacity: usize) -> Self {
-        Self::with_limits(capacity, DEFAULT_MAX_BYTES)
-    }
-
-    /// A store that keeps up to about `capacity` records (at least one) taking up to about
-    /// `max_bytes`. Both are split evenly among the shards, so eviction can start in a busy
-    /// shard a little before the whole store is full.
-    pub fn with_limits(capacity: usize, max_bytes: usize) -> Self {
-        let capacity = capacity.max(1);
-        let shard_count = capacity
-            .div_ceil(RECORDS_PER_SHARD)
-            .min(max_bytes / MIN_SHARD_BYTES)
-            .clamp(1, MAX_SHARDS);
-        let limits = Limits {
-            records: capacity.div_ceil(shard_count),
-            bytes: max_bytes / shard_count,
-        };
-        let hasher = RandomState::new();
-        MemoryStore {
-            shards: (0..shard_count)
-                .map(|_| Mutex::new(Shard::new(limits)))
-                .collect(),
-            limits,
-            hasher,
-            executions: ProcessExecutions::new(max_bytes),
-            outbox: MemoryOutbox::new(max_bytes),
-        }
-    }
-
     /// How many records the store keeps at most.
     pub fn capacity(&self) -> usize {
         self.limits.records * self.shards.len()
@@ -326,11 +225,6 @@ impl MemoryStore {
         (0..self.shards.len())
             .map(|index| self.lock(index).bytes)
             .sum()
-    }
-
-    /// How many bytes the kept executions take now, as their bound counts them.
-    pub fn execution_bytes(&self) -> usize {
-        self.executions.bytes()
     }
 
     /// How many records it holds now (running, finished and uncertain).
@@ -363,7 +257,7 @@ impl MemoryStore {
 }
 
 impl Shard {
-    fn new(limits: Limits) -> Self {
+    pub(super) fn new(limits: Limits) -> Self {
         Shard {
             index: HashTable::with_capacity(limits.records.min(RECORDS_PER_SHARD)),
             line: Line::default(),
@@ -630,7 +524,7 @@ fn short_digest(fingerprint: &Fingerprint) -> [u8; 16] {
     digest
 }
 
-impl IdempotencyStore for MemoryStore {
+impl KeyStore for MemoryStore {
     fn reserve<'a>(
         &'a self,
         key: &'a IdempotencyKey,
@@ -680,136 +574,6 @@ impl IdempotencyStore for MemoryStore {
             + self.executions.purge_expired();
         Box::pin(std::future::ready(Ok(purged)))
     }
-
-    fn keeps_executions(&self) -> bool {
-        true
-    }
-
-    fn begin_execution<'a>(
-        &'a self,
-        caller: &'a str,
-        execution_id: &'a Arc<str>,
-        tool: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.executions.begin(caller, execution_id, tool, lease)
-    }
-
-    fn record_progress<'a>(
-        &'a self,
-        execution_id: &'a str,
-        event: RecordedEvent,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.executions.progress(execution_id, event)
-    }
-
-    fn end_execution<'a>(
-        &'a self,
-        execution_id: &'a str,
-        outcome: RecordedOutcome,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.executions.end(execution_id, outcome, ttl)
-    }
-
-    fn execution<'a>(
-        &'a self,
-        caller: &'a str,
-        execution_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<ExecutionRecord>, StoreError>> {
-        self.executions.get(caller, execution_id)
-    }
-
-    fn executions<'a>(
-        &'a self,
-        caller: &'a str,
-        query: &'a ExecutionQuery,
-    ) -> BoxFuture<'a, Result<Vec<ExecutionSummary>, StoreError>> {
-        self.executions.list(caller, query)
-    }
-
-    fn cancel_execution<'a>(
-        &'a self,
-        caller: &'a str,
-        execution_id: &'a str,
-    ) -> BoxFuture<'a, Result<Cancellation, StoreError>> {
-        self.executions.cancel(caller, execution_id)
-    }
-
-    fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
-        self.executions.changed(execution_id)
-    }
-
-    fn keeps_events(&self) -> bool {
-        true
-    }
-
-    fn save_subscription<'a>(
-        &'a self,
-        subscription: &'a StoredSubscription,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.outbox.save_subscription(subscription);
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn subscription<'a>(
-        &'a self,
-        id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<StoredSubscription>, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.outbox.subscription(id))))
-    }
-
-    fn subscriptions(&self) -> BoxFuture<'_, Result<Vec<StoredSubscription>, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.outbox.subscriptions())))
-    }
-
-    fn delete_subscription<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.outbox.delete_subscription(id))))
-    }
-
-    fn enqueue_event<'a>(
-        &'a self,
-        event: &'a OutboxEvent,
-        subscription_ids: &'a [Arc<str>],
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(std::future::ready(
-            self.outbox.enqueue_event(event, subscription_ids),
-        ))
-    }
-
-    fn claim_deliveries(
-        &self,
-        limit: usize,
-        lease: Duration,
-    ) -> BoxFuture<'_, Result<Vec<ClaimedDelivery>, StoreError>> {
-        Box::pin(std::future::ready(Ok(self
-            .outbox
-            .claim_deliveries(limit, lease))))
-    }
-
-    fn finish_attempt<'a>(
-        &'a self,
-        claimed: &'a ClaimedDelivery,
-        attempt: &'a DeliveryAttempt,
-        after: AfterAttempt,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.outbox.finish_attempt(claimed, attempt, after);
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn delivery_attempts<'a>(
-        &'a self,
-        subscription_id: &'a str,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<DeliveryAttempt>, StoreError>> {
-        Box::pin(std::future::ready(Ok(self
-            .outbox
-            .delivery_attempts(subscription_id, limit))))
-    }
-
-    fn pending_deliveries(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.outbox.pending_deliveries())))
-    }
 }
 
 #[cfg(test)]
@@ -818,8 +582,8 @@ mod tests {
 
     use bytes::Bytes;
 
+    use super::super::{MAX_SHARDS, MIN_SHARD_BYTES};
     use super::*;
-    use crate::status::ExecutionStatus;
 
     /// Reserves and finishes `request_id` as `caller`.
     fn record(store: &MemoryStore, caller: &str, request_id: &str) {

@@ -1,136 +1,20 @@
-//! Executions kept for their callers (`protocol.md` §9): what a store keeps of an execution
-//! so that any replica can answer a lookup, replay its events and pass on a cancellation.
-//!
-//! The store's execution half is keyed by execution id and guarded by the caller's id: a
-//! lookup with another caller's id finds nothing, exactly like a missing id.
+//! The executions of the in-process engines (memory, file): kept in this process's memory,
+//! bounded by bytes, each caller with a fair share of the bound.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{StoreError, StoredResponse};
-use crate::status::ExecutionStatus;
-
-/// Progress events kept per execution: the latest ones (older progress is dropped; the start
-/// and the end are always kept).
-pub const KEPT_PROGRESS: usize = 100;
-
-/// Where an execution is: running, or ended with a status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ExecutionState {
-    /// Still running.
-    Running,
-    /// Ended, with this status.
-    Ended(ExecutionStatus),
-}
-
-impl ExecutionState {
-    /// The wire name (`running`, or the ended status's).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ExecutionState::Running => "running",
-            ExecutionState::Ended(status) => status.as_str(),
-        }
-    }
-
-    /// The state whose wire name is `name`.
-    pub fn from_wire(name: &str) -> Option<Self> {
-        if name == "running" {
-            Some(ExecutionState::Running)
-        } else {
-            ExecutionStatus::from_wire(name).map(ExecutionState::Ended)
-        }
-    }
-}
-
-/// One recorded event (`tool.progress` data): its original SSE id and its JSON data.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordedEvent {
-    /// The id the event was first sent with.
-    pub id: u64,
-    /// Its one-line JSON data.
-    pub data: Bytes,
-}
-
-/// How a kept execution ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordedOutcome {
-    /// The answer, byte for byte.
-    pub response: StoredResponse,
-    /// The id of the `execution.completed` event.
-    pub event_id: u64,
-}
-
-/// A kept execution, as its caller reads it back.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecutionRecord {
-    /// `exec_…`; its UUID v7 carries the creation time.
-    pub execution_id: Arc<str>,
-    /// The tool it runs.
-    pub tool: Arc<str>,
-    /// The latest progress events, oldest first (at most [`KEPT_PROGRESS`]).
-    pub progress: Vec<RecordedEvent>,
-    /// How it ended; `None` while it runs.
-    pub outcome: Option<RecordedOutcome>,
-    /// Someone asked to cancel it.
-    pub cancel_requested: bool,
-}
-
-impl ExecutionRecord {
-    /// Running, or how it ended.
-    pub fn state(&self) -> ExecutionState {
-        self.outcome
-            .as_ref()
-            .map_or(ExecutionState::Running, |outcome| {
-                ExecutionState::Ended(outcome.response.status)
-            })
-    }
-}
-
-/// One line of a caller's list of executions.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecutionSummary {
-    /// `exec_…`.
-    pub execution_id: Arc<str>,
-    /// The tool it runs.
-    pub tool: Arc<str>,
-    /// Running, or how it ended.
-    pub state: ExecutionState,
-}
-
-/// Which of a caller's executions to list, newest first.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ExecutionQuery {
-    /// Only those in this state.
-    pub state: Option<ExecutionState>,
-    /// Only those of this tool.
-    pub tool: Option<String>,
-    /// Only those older than this execution id (the previous page's last).
-    pub before: Option<String>,
-    /// At most this many.
-    pub limit: usize,
-}
-
-/// What a cancellation request found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cancellation {
-    /// No execution of this caller has that id.
-    NotFound,
-    /// It has ended already.
-    Ended,
-    /// It runs; the replica running it is told.
-    Requested,
-}
-
-/// How long a reader of an execution that is not kept in this process waits before looking
-/// again.
-const RECHECK: Duration = Duration::from_millis(250);
+use super::executions::RECHECK;
+use super::{
+    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionState, ExecutionSummary, KEPT_PROGRESS,
+    RecordedEvent, RecordedOutcome, StoreError,
+};
 
 /// The executions of an in-process store (memory, file): a map by id, an index per caller,
 /// bounded by bytes (finished executions are evicted oldest first, running ones never), with a
@@ -601,9 +485,12 @@ impl Executions {
 mod tests {
     use std::collections::HashSet;
 
+    use bytes::Bytes;
     use futures_util::FutureExt;
 
     use super::*;
+    use crate::status::ExecutionStatus;
+    use crate::store::StoredResponse;
     use crate::tool_error::Category;
 
     const MAX_BYTES: usize = 16 * 1024;

@@ -5,16 +5,18 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use redb::{
-    ReadTransaction, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction,
+    Durability, ReadTransaction, ReadableTable, ReadableTableMetadata, TableDefinition,
+    WriteTransaction,
 };
 
-use super::super::outbox::new_claim;
-use super::super::{
-    AfterAttempt, ClaimedDelivery, DeliveryAttempt, KEPT_ATTEMPTS, OutboxEvent, StoreError,
-    StoredSubscription,
+use super::{Decoder, Encoder, FileStore, epoch_ms, failed, from_epoch_ms, millis, now_ms};
+use crate::store::outbox::new_claim;
+use crate::store::{
+    AfterAttempt, ClaimedDelivery, DeliveryAttempt, EventStore, KEPT_ATTEMPTS, OutboxEvent,
+    StoreError, StoredSubscription,
 };
-use super::{Decoder, Encoder, epoch_ms, failed, from_epoch_ms, millis};
 
 /// Subscription id → the encoded subscription.
 const SUBSCRIPTIONS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("carmy_subscriptions");
@@ -154,7 +156,7 @@ fn read_delivery(
     }
 }
 
-pub(super) fn save_subscription(
+fn save_subscription(
     transaction: &WriteTransaction,
     subscription: &StoredSubscription,
 ) -> Result<(), StoreError> {
@@ -168,7 +170,7 @@ pub(super) fn save_subscription(
     Ok(())
 }
 
-pub(super) fn subscription(
+fn subscription(
     transaction: &ReadTransaction,
     id: &str,
 ) -> Result<Option<StoredSubscription>, StoreError> {
@@ -182,9 +184,7 @@ pub(super) fn subscription(
 }
 
 /// Oldest first (ties by id).
-pub(super) fn subscriptions(
-    transaction: &ReadTransaction,
-) -> Result<Vec<StoredSubscription>, StoreError> {
+fn subscriptions(transaction: &ReadTransaction) -> Result<Vec<StoredSubscription>, StoreError> {
     let table = transaction.open_table(SUBSCRIPTIONS).map_err(failed)?;
     let mut all = table
         .iter()
@@ -198,10 +198,7 @@ pub(super) fn subscriptions(
     Ok(all)
 }
 
-pub(super) fn delete_subscription(
-    transaction: &WriteTransaction,
-    id: &str,
-) -> Result<bool, StoreError> {
+fn delete_subscription(transaction: &WriteTransaction, id: &str) -> Result<bool, StoreError> {
     let existed = transaction
         .open_table(SUBSCRIPTIONS)
         .map_err(failed)?
@@ -234,7 +231,7 @@ pub(super) fn delete_subscription(
 }
 
 /// A delivery of the same event to the same subscription is written once.
-pub(super) fn enqueue_event(
+fn enqueue_event(
     transaction: &WriteTransaction,
     event: &OutboxEvent,
     subscription_ids: &[Arc<str>],
@@ -264,7 +261,7 @@ pub(super) fn enqueue_event(
 }
 
 /// Whether a delivery is due at `now`.
-pub(super) fn any_due(transaction: &ReadTransaction, now: u64) -> Result<bool, StoreError> {
+fn any_due(transaction: &ReadTransaction, now: u64) -> Result<bool, StoreError> {
     let due = transaction.open_table(DUE).map_err(failed)?;
     Ok(due
         .first()
@@ -274,7 +271,7 @@ pub(super) fn any_due(transaction: &ReadTransaction, now: u64) -> Result<bool, S
 
 /// The earliest due first; each is due again when its lease passes (rounded up to the
 /// millisecond, so the lease holds at least as long as asked).
-pub(super) fn claim_deliveries(
+fn claim_deliveries(
     transaction: &WriteTransaction,
     limit: usize,
     lease: Duration,
@@ -327,7 +324,7 @@ pub(super) fn claim_deliveries(
     Ok(claimed)
 }
 
-pub(super) fn finish_attempt(
+fn finish_attempt(
     transaction: &WriteTransaction,
     claimed: &ClaimedDelivery,
     attempt: &DeliveryAttempt,
@@ -379,7 +376,7 @@ pub(super) fn finish_attempt(
 }
 
 /// Newest first.
-pub(super) fn delivery_attempts(
+fn delivery_attempts(
     transaction: &ReadTransaction,
     subscription_id: &str,
     limit: usize,
@@ -397,10 +394,99 @@ pub(super) fn delivery_attempts(
         .collect()
 }
 
-pub(super) fn pending_deliveries(transaction: &ReadTransaction) -> Result<usize, StoreError> {
+fn pending_deliveries(transaction: &ReadTransaction) -> Result<usize, StoreError> {
     let deliveries = transaction.open_table(DELIVERIES).map_err(failed)?;
     let pending = deliveries.len().map_err(failed)?;
-    usize::try_from(pending).map_err(|error| StoreError(Box::new(error)))
+    usize::try_from(pending).map_err(StoreError::new)
+}
+
+impl EventStore for FileStore {
+    fn save_subscription<'a>(
+        &'a self,
+        subscription: &'a StoredSubscription,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let subscription = subscription.clone();
+        Box::pin(self.transact(move |transaction| save_subscription(transaction, &subscription)))
+    }
+
+    fn subscription<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<StoredSubscription>, StoreError>> {
+        let id = id.to_owned();
+        Box::pin(self.view(move |transaction| subscription(transaction, &id)))
+    }
+
+    fn subscriptions(&self) -> BoxFuture<'_, Result<Vec<StoredSubscription>, StoreError>> {
+        Box::pin(self.view(subscriptions))
+    }
+
+    fn delete_subscription<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let id = id.to_owned();
+        Box::pin(self.transact(move |transaction| delete_subscription(transaction, &id)))
+    }
+
+    fn enqueue_event<'a>(
+        &'a self,
+        event: &'a OutboxEvent,
+        subscription_ids: &'a [Arc<str>],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (event, subscription_ids) = (event.clone(), subscription_ids.to_vec());
+        Box::pin(self.transact(move |transaction| {
+            enqueue_event(transaction, &event, &subscription_ids, now_ms())
+        }))
+    }
+
+    fn claim_deliveries(
+        &self,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'_, Result<Vec<ClaimedDelivery>, StoreError>> {
+        Box::pin(async move {
+            // Replicas poll while the outbox is idle: look before taking the write lock, so an
+            // idle outbox never writes the file.
+            if !self
+                .view(|transaction| any_due(transaction, now_ms()))
+                .await?
+            {
+                return Ok(Vec::new());
+            }
+            // Claims need not survive a crash: only this process could honour them, and a claim
+            // lost with it leaves the delivery due at once on restart. Not syncing them keeps
+            // a short lease from passing while its claim is written.
+            self.transact_as(Durability::None, move |transaction| {
+                claim_deliveries(transaction, limit, lease, SystemTime::now())
+            })
+            .await
+        })
+    }
+
+    fn finish_attempt<'a>(
+        &'a self,
+        claimed: &'a ClaimedDelivery,
+        attempt: &'a DeliveryAttempt,
+        after: AfterAttempt,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (claimed, attempt) = (claimed.clone(), attempt.clone());
+        Box::pin(self.transact(move |transaction| {
+            finish_attempt(transaction, &claimed, &attempt, after, now_ms())
+        }))
+    }
+
+    fn delivery_attempts<'a>(
+        &'a self,
+        subscription_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeliveryAttempt>, StoreError>> {
+        let subscription_id = subscription_id.to_owned();
+        Box::pin(
+            self.view(move |transaction| delivery_attempts(transaction, &subscription_id, limit)),
+        )
+    }
+
+    fn pending_deliveries(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
+        Box::pin(self.view(pending_deliveries))
+    }
 }
 
 #[cfg(test)]

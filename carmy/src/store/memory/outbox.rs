@@ -1,4 +1,4 @@
-//! The memory store's events (`protocol.md` §8): subscriptions, the outbox and the attempt
+//! The memory engine's events (`protocol.md` §8): subscriptions, the outbox and the attempt
 //! logs in this process, under one lock.
 
 use std::collections::hash_map::Entry;
@@ -6,12 +6,14 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::super::outbox::new_claim;
-use super::super::{
-    AfterAttempt, ClaimedDelivery, DeliveryAttempt, KEPT_ATTEMPTS, OutboxEvent, StoreError,
-    StoredSubscription,
+use super::MemoryStore;
+use crate::store::outbox::new_claim;
+use crate::store::{
+    AfterAttempt, ClaimedDelivery, DeliveryAttempt, EventStore, KEPT_ATTEMPTS, OutboxEvent,
+    StoreError, StoredSubscription,
 };
 
 /// The outbox of an in-process store, bounded by the bytes of its pending deliveries.
@@ -239,6 +241,75 @@ impl MemoryOutbox {
 
     pub(super) fn pending_deliveries(&self) -> usize {
         self.lock().due.len()
+    }
+}
+
+impl EventStore for MemoryStore {
+    fn save_subscription<'a>(
+        &'a self,
+        subscription: &'a StoredSubscription,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.outbox.save_subscription(subscription);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn subscription<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<StoredSubscription>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.outbox.subscription(id))))
+    }
+
+    fn subscriptions(&self) -> BoxFuture<'_, Result<Vec<StoredSubscription>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.outbox.subscriptions())))
+    }
+
+    fn delete_subscription<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.outbox.delete_subscription(id))))
+    }
+
+    fn enqueue_event<'a>(
+        &'a self,
+        event: &'a OutboxEvent,
+        subscription_ids: &'a [Arc<str>],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(std::future::ready(
+            self.outbox.enqueue_event(event, subscription_ids),
+        ))
+    }
+
+    fn claim_deliveries(
+        &self,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'_, Result<Vec<ClaimedDelivery>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self
+            .outbox
+            .claim_deliveries(limit, lease))))
+    }
+
+    fn finish_attempt<'a>(
+        &'a self,
+        claimed: &'a ClaimedDelivery,
+        attempt: &'a DeliveryAttempt,
+        after: AfterAttempt,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.outbox.finish_attempt(claimed, attempt, after);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn delivery_attempts<'a>(
+        &'a self,
+        subscription_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeliveryAttempt>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self
+            .outbox
+            .delivery_attempts(subscription_id, limit))))
+    }
+
+    fn pending_deliveries(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.outbox.pending_deliveries())))
     }
 }
 

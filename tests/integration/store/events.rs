@@ -1,6 +1,6 @@
-//! The event store's contract (`protocol.md` §8), shared by every store that keeps events:
-//! subscriptions, the outbox (one delivery per event and subscription, claimed by one replica
-//! per attempt, rescheduled or removed after it), and the attempt log.
+//! The contract of every `EventStore` (`protocol.md` §8), written once against the trait and run
+//! against each engine: subscriptions, the outbox (one delivery per event and subscription,
+//! claimed by one replica per attempt, rescheduled or removed after it), and the attempt log.
 //!
 //! Each shared engine runs it in a namespace of its own (a PostgreSQL schema, a Redis database),
 //! so no other test's deliveries are claimed here, nor these by another test.
@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use carmy::idempotency::{
-    AfterAttempt, ClaimedDelivery, DeliveryAttempt, IdempotencyStore, KEPT_ATTEMPTS, OutboxEvent,
-    StoredSubscription,
+use carmy::store::{
+    AfterAttempt, ClaimedDelivery, DeliveryAttempt, EventStore, KEPT_ATTEMPTS, MemoryStore,
+    OutboxEvent, StoredSubscription,
 };
 use carmy_tests::{run_id, server_url};
 
-const LEASE: Duration = Duration::from_secs(60);
+use super::{LEASE, TempFile, file_store};
 
 /// A time the stores keep exactly (milliseconds).
 fn millis(time: SystemTime) -> SystemTime {
@@ -24,44 +24,42 @@ fn millis(time: SystemTime) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(since.as_millis()).unwrap())
 }
 
-fn subscription(id: &str, created_at: SystemTime) -> StoredSubscription {
-    StoredSubscription {
-        id: Arc::from(id),
-        url: format!("https://hooks.example.com/{id}"),
-        event_types: vec!["execution.finished".to_owned(), "tools.changed".to_owned()],
-        description: Some(format!("the receiver of {id}")),
-        secret: vec![7; 32].into_boxed_slice(),
-        previous_secret: None,
-        created_at: millis(created_at),
-        disabled_reason: None,
-        failing_since: None,
-    }
+pub(super) fn subscription(id: &str, created_at: SystemTime) -> StoredSubscription {
+    let mut subscription = StoredSubscription::new(
+        id,
+        format!("https://hooks.example.com/{id}"),
+        vec!["execution.finished".to_owned(), "tools.changed".to_owned()],
+        vec![7; 32].into_boxed_slice(),
+        millis(created_at),
+    );
+    subscription.description = Some(format!("the receiver of {id}"));
+    subscription
 }
 
-fn event(id: &str) -> OutboxEvent {
-    OutboxEvent {
-        event_id: Arc::from(id),
-        event_type: Arc::from("execution.finished"),
-        body: Bytes::from(format!(
+pub(super) fn event(id: &str) -> OutboxEvent {
+    OutboxEvent::new(
+        id,
+        "execution.finished",
+        Bytes::from(format!(
             "{{\"type\":\"execution.finished\",\"timestamp\":\"2026-12-01T10:00:00Z\",\"data\":{{\"id\":\"{id}\"}}}}"
         )),
-    }
+    )
 }
 
-fn attempt(event_id: &str, status: Option<u16>, error: Option<&str>) -> DeliveryAttempt {
-    DeliveryAttempt {
-        event_id: Arc::from(event_id),
-        at: millis(SystemTime::now()),
+pub(super) fn attempt(event_id: &str, status: Option<u16>, error: Option<&str>) -> DeliveryAttempt {
+    DeliveryAttempt::new(
+        event_id,
+        millis(SystemTime::now()),
         status,
-        duration: Duration::from_millis(12),
-        error: error.map(str::to_owned),
-    }
+        Duration::from_millis(12),
+        error.map(str::to_owned),
+    )
 }
 
 /// Claims until nothing is due, keeping the deliveries of `events` (the store may hold others'
 /// from earlier runs: those are finished as failed, out of the way).
 async fn claim_ours(
-    store: &dyn IdempotencyStore,
+    store: &dyn EventStore,
     events: &HashSet<String>,
     lease: Duration,
 ) -> Vec<ClaimedDelivery> {
@@ -89,8 +87,7 @@ fn ids(events: &[&str]) -> HashSet<String> {
     events.iter().map(|id| (*id).to_owned()).collect()
 }
 
-pub(crate) async fn outbox_contract(store: Arc<dyn IdempotencyStore>, name: &str) {
-    assert!(store.keeps_events(), "{name} keeps events");
+pub(crate) async fn outbox_contract(store: Arc<dyn EventStore>, name: &str) {
     let run = format!("{name}-{}", run_id());
     let sub = |n: u32| format!("sub_{run}-{n}");
     let evt = |n: u32| format!("evt_{run}-{n}");
@@ -358,79 +355,13 @@ pub(crate) async fn outbox_contract(store: Arc<dyn IdempotencyStore>, name: &str
 
 #[tokio::test]
 async fn memory_keeps_the_outbox() {
-    outbox_contract(Arc::new(carmy::idempotency::MemoryStore::new()), "memory").await;
+    outbox_contract(Arc::new(MemoryStore::new()), "memory").await;
 }
 
 #[tokio::test]
 async fn file_keeps_the_outbox() {
-    let file = crate::store_contract::TempFile::new("outbox-contract");
-    let store = carmy::idempotency::FileStore::open(&file.0).await.unwrap();
-    outbox_contract(Arc::new(store), "file").await;
-}
-
-/// What the file keeps of events outlives the process: subscriptions, pending deliveries with
-/// their attempts made, the log; a delivery claimed by the process that died is claimed again
-/// once its lease passes.
-#[tokio::test]
-async fn file_outbox_survives_reopening() {
-    let file = crate::store_contract::TempFile::new("outbox-reopen");
-    let saved = subscription("sub_kept", SystemTime::now());
-    let (retried, in_flight) = (event("evt_retried"), event("evt_in_flight"));
-    let failed = attempt("evt_retried", Some(500), Some("HTTP 500"));
-    let lease = Duration::from_secs(2);
-    let claimed_at = {
-        let store = carmy::idempotency::FileStore::open(&file.0).await.unwrap();
-        store.save_subscription(&saved).await.unwrap();
-        for outgoing in [&retried, &in_flight] {
-            store
-                .enqueue_event(outgoing, &[Arc::clone(&saved.id)])
-                .await
-                .unwrap();
-        }
-        let claimed = store.claim_deliveries(16, lease).await.unwrap();
-        let claimed_at = tokio::time::Instant::now();
-        assert_eq!(claimed.len(), 2);
-        let first = claimed
-            .iter()
-            .find(|c| c.event.event_id == retried.event_id)
-            .unwrap();
-        store
-            .finish_attempt(first, &failed, AfterAttempt::RetryIn(Duration::ZERO))
-            .await
-            .unwrap();
-        // The process dies with the other delivery claimed.
-        claimed_at
-    };
-
-    let store = carmy::idempotency::FileStore::open(&file.0).await.unwrap();
-    assert_eq!(
-        store.subscriptions().await.unwrap(),
-        std::slice::from_ref(&saved)
-    );
-    assert_eq!(store.pending_deliveries().await.unwrap(), 2);
-    assert_eq!(
-        store.delivery_attempts(&saved.id, 10).await.unwrap(),
-        [failed]
-    );
-    let pending = store.claim_deliveries(16, LEASE).await.unwrap();
-    assert_eq!(
-        pending.len(),
-        1,
-        "only the delivery that was not claimed: {pending:?}"
-    );
-    assert_eq!(pending[0].event, retried);
-    assert_eq!(pending[0].attempts, 1, "its attempt counted");
-    assert!(
-        claimed_at.elapsed() < lease,
-        "the test ran too slowly to see the lease hold"
-    );
-
-    tokio::time::sleep_until(claimed_at + lease + Duration::from_millis(50)).await;
-    let resumed = store.claim_deliveries(16, LEASE).await.unwrap();
-    assert_eq!(resumed.len(), 1, "claimed again once its lease passed");
-    assert_eq!(resumed[0].event, in_flight);
-    assert_eq!(resumed[0].attempts, 0);
-    assert_eq!(&*resumed[0].subscription_id, &*saved.id);
+    let file = TempFile::new("outbox-contract");
+    outbox_contract(Arc::new(file_store(&file).await), "file").await;
 }
 
 /// The schema of the PostgreSQL contract run: created here, the store migrates it.
@@ -451,7 +382,7 @@ async fn postgres_keeps_the_outbox() {
         .unwrap();
     let separator = if url.contains('?') { '&' } else { '?' };
     let scoped = format!("{url}{separator}options=-csearch_path%3D{POSTGRES_SCHEMA}");
-    let store = carmy::idempotency::connect(&scoped).await.unwrap();
+    let store = carmy::store::connect(&scoped).await.unwrap();
     outbox_contract(store, "postgres").await;
 }
 
@@ -468,7 +399,7 @@ async fn redis_keeps_the_outbox() {
         .rsplit_once('/')
         .filter(|(_, db)| db.parse::<u32>().is_ok())
         .map_or(base, |(base, _)| base);
-    let store = carmy::idempotency::connect(&format!("{base}/{REDIS_DATABASE}"))
+    let store = carmy::store::connect(&format!("{base}/{REDIS_DATABASE}"))
         .await
         .unwrap();
     outbox_contract(store, "redis").await;
@@ -479,8 +410,8 @@ async fn redis_keeps_the_outbox() {
 /// before it finishes the attempt (dropped, as a killed process) is claimed by the other once
 /// that claim's lease has passed.
 pub(crate) async fn replicas_share_the_outbox(
-    first: Arc<dyn IdempotencyStore>,
-    second: Arc<dyn IdempotencyStore>,
+    first: Arc<dyn EventStore>,
+    second: Arc<dyn EventStore>,
     name: &str,
 ) {
     let run = format!("{name}-replicas-{}", run_id());
@@ -600,8 +531,8 @@ async fn postgres_replicas_share_the_outbox() {
         .unwrap();
     let separator = if url.contains('?') { '&' } else { '?' };
     let scoped = format!("{url}{separator}options=-csearch_path%3D{POSTGRES_REPLICAS_SCHEMA}");
-    let first = carmy::idempotency::connect(&scoped).await.unwrap();
-    let second = carmy::idempotency::connect(&scoped).await.unwrap();
+    let first = carmy::store::connect(&scoped).await.unwrap();
+    let second = carmy::store::connect(&scoped).await.unwrap();
     replicas_share_the_outbox(first, second, "postgres").await;
 }
 
@@ -619,7 +550,7 @@ async fn redis_replicas_share_the_outbox() {
         .filter(|(_, db)| db.parse::<u32>().is_ok())
         .map_or(base, |(base, _)| base);
     let scoped = format!("{base}/{REDIS_REPLICAS_DATABASE}");
-    let first = carmy::idempotency::connect(&scoped).await.unwrap();
-    let second = carmy::idempotency::connect(&scoped).await.unwrap();
+    let first = carmy::store::connect(&scoped).await.unwrap();
+    let second = carmy::store::connect(&scoped).await.unwrap();
     replicas_share_the_outbox(first, second, "redis").await;
 }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{IdempotencyStore, MemoryStore, StoreError, StoreOptions};
+use super::{Engine, MemoryStore, StoreError, StoreOptions};
 
 /// The environment variable [`connect_from_env`] reads.
 pub const IDEMPOTENCY_URL_VAR: &str = "CARMY_IDEMPOTENCY_URL";
@@ -18,15 +18,12 @@ pub const IDEMPOTENCY_URL_VAR: &str = "CARMY_IDEMPOTENCY_URL";
 ///
 /// An unknown scheme, or one whose feature is not enabled, is an error. Shared stores take
 /// carmy's query parameters `acquire_timeout` and `command_timeout` (see [`StoreOptions`]).
-pub async fn connect(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+pub async fn connect(url: &str) -> Result<Arc<dyn Engine>, StoreError> {
     connect_with(url, StoreOptions::new()).await
 }
 
 /// [`connect`] with the time limits and certificates of `options` (the URL's parameters win).
-pub async fn connect_with(
-    url: &str,
-    options: StoreOptions,
-) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+pub async fn connect_with(url: &str, options: StoreOptions) -> Result<Arc<dyn Engine>, StoreError> {
     let Some((scheme, rest)) = url.split_once(':') else {
         return Err(StoreError::message(format!(
             "`{url}` is not a store URL: expected postgres://…, redis://…, file:PATH or memory:"
@@ -45,7 +42,7 @@ pub async fn connect_with(
 }
 
 /// [`connect`] to the URL in `CARMY_IDEMPOTENCY_URL`; a [`MemoryStore`] when it is unset.
-pub async fn connect_from_env() -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+pub async fn connect_from_env() -> Result<Arc<dyn Engine>, StoreError> {
     match std::env::var(IDEMPOTENCY_URL_VAR) {
         Ok(url) => connect(&url).await,
         Err(std::env::VarError::NotPresent) => Ok(Arc::new(MemoryStore::new())),
@@ -63,40 +60,31 @@ fn feature_disabled(feature: &str, url: &str) -> StoreError {
 }
 
 #[cfg(feature = "postgres")]
-async fn open_postgres(
-    url: &str,
-    options: StoreOptions,
-) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+async fn open_postgres(url: &str, options: StoreOptions) -> Result<Arc<dyn Engine>, StoreError> {
     Ok(Arc::new(
         super::PostgresStore::connect_with(url, options).await?,
     ))
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(
-    url: &str,
-    _: StoreOptions,
-) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+async fn open_postgres(url: &str, _: StoreOptions) -> Result<Arc<dyn Engine>, StoreError> {
     Err(feature_disabled("postgres", url))
 }
 
 #[cfg(feature = "redis")]
-async fn open_redis(
-    url: &str,
-    options: StoreOptions,
-) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+async fn open_redis(url: &str, options: StoreOptions) -> Result<Arc<dyn Engine>, StoreError> {
     Ok(Arc::new(
         super::RedisStore::connect_with(url, options).await?,
     ))
 }
 
 #[cfg(not(feature = "redis"))]
-async fn open_redis(url: &str, _: StoreOptions) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+async fn open_redis(url: &str, _: StoreOptions) -> Result<Arc<dyn Engine>, StoreError> {
     Err(feature_disabled("redis", url))
 }
 
 #[cfg(feature = "file")]
-async fn open_file(path: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+async fn open_file(path: &str) -> Result<Arc<dyn Engine>, StoreError> {
     if path.is_empty() {
         return Err(StoreError::message(
             "`file:` needs a path, as in file:/var/lib/app/idempotency.redb",
@@ -106,7 +94,7 @@ async fn open_file(path: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> 
 }
 
 #[cfg(not(feature = "file"))]
-async fn open_file(path: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+async fn open_file(path: &str) -> Result<Arc<dyn Engine>, StoreError> {
     Err(feature_disabled("file", &format!("file:{path}")))
 }
 
