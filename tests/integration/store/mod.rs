@@ -1,9 +1,11 @@
 //! The storage contracts, one suite per trait ([`keys`], [`executions`], [`events`]), each a
 //! set of checks written once against the trait and run against every engine: memory and file
 //! always; PostgreSQL and Redis when `CARMY_TEST_POSTGRES_URL` and `CARMY_TEST_REDIS_URL` name
-//! servers (`.ci/run` sets both). Each engine's own properties are in [`engines`].
+//! servers (`.ci/run` sets both). Each engine's own properties are in [`engines`]; a host's own
+//! key store beside the in-memory engine in [`custom`].
 //! Time is tokio's paused clock where the backend's clock allows it, the real clock elsewhere.
 
+mod custom;
 mod engines;
 mod events;
 mod executions;
