@@ -1,4 +1,4 @@
-//! Memory bounds on the request path (issue 10): progress to a client that stops reading, and
+//! Memory bounds on the request path: progress to a client that stops reading, and
 //! error bodies that never echo a large input.
 
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! Shared-store outcome recording (issue 10): an outcome the store fails to record is tried
+//! Shared-store outcome recording: an outcome the store fails to record is tried
 //! again, a record ttl shorter than a deadline is refused at start-up, and a store outage is
 //! not logged once per call.
 

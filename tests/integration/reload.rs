@@ -22,7 +22,7 @@ const OPS: &str = "ops-token";
 const PLAIN: &str = "plain-token";
 const NEW: &str = "new-token";
 
-/// How long a change may take to apply by itself (the bound).
+/// How long a change may take to apply by itself.
 const APPLIES_WITHIN: Duration = Duration::from_secs(5);
 
 /// The tokens every test file has: `root` (internal), `ops` (known, `manage:config`) and

@@ -1,4 +1,4 @@
-//! Requests (issue 10): duplicated headers are refused, CORS covers `/mcp` with one origin list,
+//! Requests: duplicated headers are refused, CORS covers `/mcp` with one origin list,
 //! an unknown tool gets "did you mean", and `enum`/`oneOf` failures name the allowed values.
 
 use std::sync::atomic::Ordering;
