@@ -7,29 +7,13 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use carmy_tests::Serving;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
 use crate::tools::{self, Probe};
-
-/// Serves `app` on a free loopback port until the returned sender fires or drops.
-pub(crate) async fn serve(
-    app: carmy::App,
-) -> (
-    SocketAddr,
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), carmy::Error>>,
-) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(app.serve_with_shutdown(listener, async move {
-        let _ = stopped.await;
-    }));
-    (addr, stop, server)
-}
 
 /// How long until the server closes `stream` (reads return EOF or fail), up to `limit`.
 pub(crate) async fn closed_after(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
@@ -84,7 +68,8 @@ const DISCOVERY: &[u8] = b"GET /.well-known/agent HTTP/1.1\r\nHost: x\r\nConnect
 #[tokio::test]
 async fn a_silent_connection_is_closed_at_the_head_timeout() {
     let app = tools::app(&Probe::default()).head_timeout(Duration::from_secs(1));
-    let (addr, _stop, _server) = serve(app).await;
+    let server = Serving::start(app).await;
+    let addr = server.addr;
     let mut silent = TcpStream::connect(addr).await.unwrap();
     let closed = closed_after(&mut silent, Duration::from_secs(5)).await;
     let closed = closed.expect("a silent connection is closed");
@@ -121,7 +106,8 @@ async fn cut_while_trickling_a_head(stream: TcpStream) -> Duration {
 #[tokio::test]
 async fn a_trickled_head_is_cut_at_one_deadline() {
     let app = tools::app(&Probe::default()).head_timeout(Duration::from_secs(1));
-    let (addr, _stop, _server) = serve(app).await;
+    let server = Serving::start(app).await;
+    let addr = server.addr;
     let stream = TcpStream::connect(addr).await.unwrap();
     let elapsed = cut_while_trickling_a_head(stream).await;
     assert!(elapsed < Duration::from_millis(1_800), "{elapsed:?}");
@@ -130,7 +116,8 @@ async fn a_trickled_head_is_cut_at_one_deadline() {
 #[tokio::test]
 async fn a_stalled_http2_preface_is_cut_at_the_head_timeout() {
     let app = tools::app(&Probe::default()).head_timeout(Duration::from_secs(1));
-    let (addr, _stop, _server) = serve(app).await;
+    let server = Serving::start(app).await;
+    let addr = server.addr;
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
     let closed = closed_after(&mut stream, Duration::from_secs(5)).await;
@@ -141,7 +128,8 @@ async fn a_stalled_http2_preface_is_cut_at_the_head_timeout() {
 #[tokio::test]
 async fn a_stalled_body_is_a_json_408() {
     let app = tools::app(&Probe::default()).body_timeout(Duration::from_secs(1));
-    let (addr, _stop, _server) = serve(app).await;
+    let server = Serving::start(app).await;
+    let addr = server.addr;
     let start = Instant::now();
     let (status, body) = answered_in_time(
         addr,
@@ -160,7 +148,8 @@ async fn a_stalled_body_is_a_json_408() {
 #[tokio::test]
 async fn a_body_declared_over_the_limit_is_refused_before_it_arrives() {
     let app = tools::app(&Probe::default());
-    let (addr, _stop, _server) = serve(app).await;
+    let server = Serving::start(app).await;
+    let addr = server.addr;
     let (status, body) = answered_in_time(
         addr,
         b"POST /agent/execute HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 1048577\r\n\r\n{\"tool\":",
@@ -176,7 +165,8 @@ async fn a_body_declared_over_the_limit_is_refused_before_it_arrives() {
 #[tokio::test]
 async fn a_trickling_body_is_cut_at_one_deadline() {
     let app = tools::app(&Probe::default()).body_timeout(Duration::from_secs(1));
-    let (addr, _stop, _server) = serve(app).await;
+    let server = Serving::start(app).await;
+    let addr = server.addr;
     let stream = TcpStream::connect(addr).await.unwrap();
     let (mut reader, mut writer) = stream.into_split();
     writer
@@ -226,7 +216,8 @@ async fn an_idle_connection_is_closed_at_the_idle_timeout() {
     let app = tools::app(&Probe::default())
         .head_timeout(Duration::from_secs(3))
         .idle_timeout(Duration::from_secs(1));
-    let (addr, _stop, _server) = serve(app).await;
+    let server = Serving::start(app).await;
+    let addr = server.addr;
     let mut stream = TcpStream::connect(addr).await.unwrap();
     one_request(&mut stream).await;
     let closed = closed_after(&mut stream, Duration::from_secs(5)).await;
@@ -244,7 +235,8 @@ async fn a_keep_alive_connection_waits_the_idle_timeout_for_its_next_request() {
     let app = tools::app(&Probe::default())
         .head_timeout(Duration::from_secs(1))
         .idle_timeout(Duration::from_secs(3));
-    let (addr, _stop, _server) = serve(app).await;
+    let server = Serving::start(app).await;
+    let addr = server.addr;
     let mut stream = TcpStream::connect(addr).await.unwrap();
     one_request(&mut stream).await;
     tokio::time::sleep(Duration::from_millis(1_600)).await;
@@ -263,7 +255,8 @@ async fn a_trickled_second_head_is_cut_at_one_deadline() {
     let app = tools::app(&Probe::default())
         .head_timeout(Duration::from_secs(1))
         .idle_timeout(Duration::from_secs(5));
-    let (addr, _stop, _server) = serve(app).await;
+    let server = Serving::start(app).await;
+    let addr = server.addr;
     let mut stream = TcpStream::connect(addr).await.unwrap();
     one_request(&mut stream).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
@@ -281,7 +274,8 @@ async fn calls_and_streams_longer_than_the_idle_timeout_are_answered_whole() {
     let app = tools::app(&Probe::default())
         .head_timeout(Duration::from_secs(1))
         .idle_timeout(Duration::from_secs(1));
-    let (addr, _stop, _server) = serve(app).await;
+    let server = Serving::start(app).await;
+    let addr = server.addr;
     let body = r#"{"tool":"slow_read","arguments":{"millis":1500}}"#;
     for accept in ["application/json", "text/event-stream"] {
         let request = format!(
@@ -302,7 +296,8 @@ async fn at_the_connection_cap_a_client_waits_at_most_the_head_timeout() {
     let app = tools::app(&Probe::default())
         .head_timeout(Duration::from_secs(1))
         .max_connections(50);
-    let (addr, _stop, _server) = serve(app).await;
+    let server = Serving::start(app).await;
+    let addr = server.addr;
     let mut silent = Vec::new();
     for _ in 0..50 {
         silent.push(TcpStream::connect(addr).await.unwrap());
@@ -479,7 +474,8 @@ async fn sigterm_ends_the_process_despite_a_stalled_client() {
 
 #[tokio::test]
 async fn app_serve_answers_every_unknown_path_with_json_but_hyper_answers_bad_heads_bare() {
-    let (addr, _stop, _server) = serve(tools::app(&Probe::default())).await;
+    let server = Serving::start(tools::app(&Probe::default())).await;
+    let addr = server.addr;
     let (status, body) = raw(
         addr,
         b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",

@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use carmy::protection::RateLimit;
 use carmy::{Context, JsonSchema, Requester, ToolError, TrustLevel};
-use carmy_tests::{Answer, Server, get, send};
+use carmy_tests::{Answer, Server, get, get_as, send};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -447,11 +447,7 @@ async fn the_console_session_says_who_calls_and_what_they_may_manage() {
         ),
     ];
     for (token, caller, manage_events) in cases {
-        let mut request = Request::get("/agent/console/session");
-        if let Some(token) = token {
-            request = request.header("authorization", format!("Bearer {token}"));
-        }
-        let answer = send(&router, request.body(Body::empty()).unwrap()).await;
+        let answer = get_as(&router, "/agent/console/session", token).await;
         assert_eq!(answer.status, StatusCode::OK, "{token:?}");
         assert_eq!(answer.header("cache-control"), Some("no-store"));
         assert_eq!(

@@ -14,21 +14,15 @@ async fn disconnect_mid_call(
     call: &serde_json::Value,
     stream: bool,
 ) {
-    let (mut sender, connection) = server.connect().await;
     let headers: &[(&str, &str)] = if stream {
         &[("accept", "text/event-stream")]
     } else {
         &[]
     };
-    let request = execute_request(call, headers);
-    let pending = tokio::spawn(async move {
-        let response = sender.send_request(request).await;
-        drop(response);
-    });
-    probe.wait_runs(1).await;
-    // The client goes away: the socket closes.
-    pending.abort();
-    connection.abort();
+    // The client goes away once the tool runs: the socket closes.
+    probe
+        .leave_once_it_runs(server.addr, execute_request(call, headers), 1)
+        .await;
     tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified())
         .await
         .expect("the tool sees the cancellation within 1 s");

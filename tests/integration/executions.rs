@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::http::StatusCode;
 use axum::http::request::Parts;
-use axum::http::{Request, StatusCode};
 use carmy::auth::Authenticator;
 use carmy::store::{Engine, PostgresStore, RedisStore};
 use carmy::{Context, JsonSchema, Principal, State, ToolError, TrustLevel};
-use carmy_tests::{Answer, Server, execute_request, get, parse_sse, send};
+use carmy_tests::wait::until;
+use carmy_tests::{Answer, Server, execute_request, get, get_with, parse_sse, request, send};
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -139,27 +139,21 @@ pub(crate) fn app(probe: &Probe) -> carmy::App {
         .authenticator(Tokens)
 }
 
-pub(crate) fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut request = Request::builder().method(method).uri(path);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    request.body(Body::empty()).unwrap()
-}
-
 pub(crate) async fn start(router: &axum::Router, call: &Value, headers: &[(&str, &str)]) -> Answer {
     send(router, execute_request(call, headers)).await
 }
 
-/// Reads the execution until it has ended.
+/// How long an execution here may take to end: the longest a tool runs is 30 s (`ends`), and
+/// under load the store's waits count against it.
+const ENDS_WITHIN: Duration = Duration::from_secs(60);
+
+/// Reads the execution until it has ended; fails the test after [`ENDS_WITHIN`].
 pub(crate) async fn wait_ended(router: &axum::Router, location: &str, who: (&str, &str)) -> Answer {
-    loop {
-        let answer = send(router, request("GET", location, &[who])).await;
-        if answer.json()["status"] != "running" {
-            return answer;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(ENDS_WITHIN, &format!("{location} ends"), async || {
+        let answer = get_with(router, location, &[who]).await;
+        (answer.json()["status"] != "running").then_some(answer)
+    })
+    .await
 }
 
 pub(crate) fn chatter(reports: u64, millis: u64) -> Value {
@@ -355,9 +349,7 @@ async fn gated_execution(router: &axum::Router, probe: &Probe, round: u64) -> St
         "{:?}",
         accepted.json()
     );
-    tokio::time::timeout(Duration::from_secs(5), probe.wait_runs(round + 1))
-        .await
-        .expect("the tool starts within 5 s");
+    probe.wait_runs(round + 1).await;
     accepted.header("location").unwrap().to_owned()
 }
 
@@ -540,9 +532,13 @@ async fn the_list_is_the_callers_own_newest_first_a_page_at_a_time() {
     assert_eq!(second["executions"][0]["execution_id"], json!(ids[0]));
     assert_eq!(second["next_cursor"], Value::Null);
 
-    let running = get_as(&router, "/agent/executions?status=running", ALICE).await;
+    let running = get_with(&router, "/agent/executions?status=running", &[ALICE])
+        .await
+        .json();
     assert_eq!(running["executions"].as_array().unwrap().len(), 1);
-    let echoes = get_as(&router, "/agent/executions?tool=echo", ALICE).await;
+    let echoes = get_with(&router, "/agent/executions?tool=echo", &[ALICE])
+        .await
+        .json();
     assert_eq!(echoes["executions"].as_array().unwrap().len(), 1);
     let anonymous = get(&router, "/agent/executions").await.json();
     assert_eq!(anonymous["executions"], json!([]));
@@ -567,10 +563,6 @@ async fn the_list_is_the_callers_own_newest_first_a_page_at_a_time() {
             "{query}"
         );
     }
-}
-
-async fn get_as(router: &axum::Router, path: &str, who: (&str, &str)) -> Value {
-    send(router, request("GET", path, &[who])).await.json()
 }
 
 #[tokio::test]
@@ -659,24 +651,18 @@ async fn an_async_execution_survives_its_client_disconnecting_a_sync_one_does_no
     let location = accepted.headers()["location"].to_str().unwrap().to_owned();
     drop(sender);
     connection.abort();
-    let ended = loop {
+    let ended = until(ENDS_WITHIN, "the execution ends", async || {
         let answer = server.get(&location, &[ALICE]).await;
-        if answer.json()["status"] != "running" {
-            break answer;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        (answer.json()["status"] != "running").then_some(answer)
+    })
+    .await;
     assert_eq!(ended.json()["status"], "completed");
     assert_eq!(probe.runs(), 1);
 
     // A synchronous call of the same tool with a request_id is cancelled by the disconnect.
     let call = json!({ "tool": "slow_write", "arguments": { "millis": 5_000 }, "request_id": "sync-gone" });
-    let (mut sender, connection) = server.connect().await;
     let request = execute_request(&call, &[ALICE]);
-    let pending = tokio::spawn(async move { drop(sender.send_request(request).await) });
-    probe.wait_runs(2).await;
-    pending.abort();
-    connection.abort();
+    probe.leave_once_it_runs(server.addr, request, 2).await;
     tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified())
         .await
         .expect("the sync call is cancelled within 1 s");
@@ -738,7 +724,9 @@ async fn across_replicas(store_a: impl Engine, store_b: impl Engine) {
         send(&b, request("GET", &location, &[BOB])).await.status,
         StatusCode::NOT_FOUND
     );
-    let listed = get_as(&b, "/agent/executions?limit=100&status=running", ALICE).await;
+    let listed = get_with(&b, "/agent/executions?limit=100&status=running", &[ALICE])
+        .await
+        .json();
     assert!(
         listed["executions"]
             .as_array()

@@ -15,7 +15,8 @@ use carmy::store::{
     Fingerprint, Finish, IdempotencyKey, KeyStore, MemoryStore, Reservation, StoreError,
 };
 use carmy::{Context, Principal, ToolError, TrustLevel};
-use carmy_tests::{Answer, Proxy, execute, get, send, server_url};
+use carmy_tests::wait::{PATIENCE, eventually, within};
+use carmy_tests::{Proxy, Serving, execute, get, get_as, send, server_url};
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 
@@ -37,14 +38,6 @@ fn tokens() -> TokenAuthenticator {
             Principal::new("operator", TrustLevel::Internal),
         )
         .unwrap()
-}
-
-async fn get_as(router: &Router, path: &str, token: Option<&str>) -> Answer {
-    let mut request = Request::get(path);
-    if let Some(token) = token {
-        request = request.header("authorization", format!("Bearer {token}"));
-    }
-    send(router, request.body(Body::empty()).unwrap()).await
 }
 
 async fn health_report(router: &Router) -> (StatusCode, Value) {
@@ -387,7 +380,9 @@ async fn a_failing_store_fails_readiness_and_recovers() {
     let text = wait_ready(&router, StatusCode::SERVICE_UNAVAILABLE).await;
     assert!(text.contains("[-]idempotency failed\n"), "{text}");
     assert!(text.contains("[+]config ok\n"), "{text}");
-    let changed = events.recv().await.unwrap();
+    let changed = within(PATIENCE, "a health change", events.recv())
+        .await
+        .unwrap();
     assert_eq!(
         (changed.from, changed.to),
         (HealthState::Healthy, HealthState::Degrading)
@@ -421,7 +416,9 @@ async fn a_failing_store_fails_readiness_and_recovers() {
     store.down.store(false, Ordering::SeqCst);
     let text = wait_ready(&router, StatusCode::OK).await;
     assert!(text.contains("[+]idempotency ok\n"), "{text}");
-    let recovered = events.recv().await.unwrap();
+    let recovered = within(PATIENCE, "a health change", events.recv())
+        .await
+        .unwrap();
     assert_eq!(
         (recovered.from, recovered.to),
         (HealthState::Degrading, HealthState::Healthy)
@@ -441,14 +438,12 @@ async fn checks_are_cached_and_one_failure_only_warns() {
         .router()
         .unwrap();
     // The first round runs at start; the next one is an hour away.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while health_report(&router).await.1["checks"]
-        .get("idempotency")
-        .is_none()
-    {
-        assert!(tokio::time::Instant::now() < deadline, "no check ran");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(PATIENCE, "a check runs", async || {
+        health_report(&router).await.1["checks"]
+            .get("idempotency")
+            .is_some()
+    })
+    .await;
     for _ in 0..20 {
         let (status, body) = health_report(&router).await;
         assert_eq!(status, StatusCode::OK);
@@ -474,11 +469,10 @@ async fn a_real_store_going_away_fails_readiness(url: &str) {
         .health_check_interval(Duration::from_millis(50))
         .router()
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while health_report(&router).await.1["checks"]["idempotency"]["status"] != "pass" {
-        assert!(tokio::time::Instant::now() < deadline, "never passed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(PATIENCE, "the store's check passes", async || {
+        health_report(&router).await.1["checks"]["idempotency"]["status"] == "pass"
+    })
+    .await;
     assert!(
         verbose_ready(&router)
             .await
@@ -528,11 +522,10 @@ async fn a_shared_rate_limiter_going_away_fails_readiness() {
         .health_check_interval(Duration::from_millis(50))
         .router()
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while health_report(&router).await.1["checks"]["rate_limit"]["status"] != "pass" {
-        assert!(tokio::time::Instant::now() < deadline, "never passed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(PATIENCE, "the rate limiter's check passes", async || {
+        health_report(&router).await.1["checks"]["rate_limit"]["status"] == "pass"
+    })
+    .await;
     proxy.close().await;
     let text = wait_ready(&router, StatusCode::SERVICE_UNAVAILABLE).await;
     assert!(text.contains("[-]rate_limit failed\n"), "{text}");
@@ -549,23 +542,19 @@ async fn ready_at(addr: std::net::SocketAddr) -> StatusCode {
 #[tokio::test]
 async fn readiness_fails_at_once_on_shutdown_while_executions_finish() {
     let probe = Probe::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let drain = Duration::from_millis(600);
     let app = tools::app(&probe)
         .shutdown_grace(Duration::from_secs(5))
         .drain_delay(drain);
-    let server = tokio::spawn(app.serve_with_shutdown(listener, async move {
-        let _ = stopped.await;
-    }));
+    let mut server = Serving::start(app).await;
+    let addr = server.addr;
     assert_eq!(ready_at(addr).await, StatusCode::OK);
 
     let call = json!({ "tool": "slow_write", "arguments": { "millis": 400 } });
     let in_flight = tokio::spawn(async move { carmy_tests::execute_at(addr, &call).await });
     probe.wait_runs(1).await;
     let stopping = tokio::time::Instant::now();
-    stop.send(()).unwrap();
+    server.stop();
     // The listener still answers, and says not to send traffic.
     let deadline = stopping + Duration::from_secs(1);
     loop {
@@ -585,10 +574,12 @@ async fn readiness_fails_at_once_on_shutdown_while_executions_finish() {
         StatusCode::OK
     );
 
-    let answer = in_flight.await.unwrap();
+    let answer = within(PATIENCE, "the call in flight answers", in_flight)
+        .await
+        .unwrap();
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.json()["status"], "completed");
-    server.await.unwrap().unwrap();
+    server.ended(PATIENCE).await;
     assert!(stopping.elapsed() >= drain, "{:?}", stopping.elapsed());
     assert!(
         tokio::net::TcpStream::connect(addr).await.is_err(),

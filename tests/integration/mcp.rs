@@ -7,7 +7,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use carmy::{Principal, TrustLevel};
-use carmy_tests::{Answer, Server, parse_sse, send};
+use carmy_tests::wait::{PATIENCE, until};
+use carmy_tests::{Answer, Server, Serving, parse_sse, send};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
@@ -839,15 +840,9 @@ async fn progress_is_streamed_when_the_client_sends_a_token() {
 async fn a_closed_stream_cancels_the_execution() {
     let probe = Probe::default();
     let server = Server::start(router(&probe)).await;
-    let (mut sender, connection) = server.connect().await;
     let key = json!({ "dev.carmy/request_id": "gone-mcp" });
     let request = call(1, "slow_write", json!({ "millis": 1500 }), key.clone());
-    let pending = tokio::spawn(async move {
-        let _ = sender.send_request(request).await;
-    });
-    probe.wait_runs(1).await;
-    pending.abort();
-    connection.abort();
+    probe.leave_once_it_runs(server.addr, request, 1).await;
     tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified())
         .await
         .expect("the tool sees the cancellation within 1 s");
@@ -1019,7 +1014,9 @@ async fn a_call_in_a_session_outlives_its_client_and_ends_with_its_session() {
     // and a retry with its key gets the outcome once it is recorded, not a second run.
     let key = json!({ "dev.carmy/request_id": "session-gone" });
     let slow = session_call(1, "slow_write", json!({ "millis": 1500 }), key.clone());
-    leave_once_it_runs(server.addr, post(&slow, &session.headers()), &probe).await;
+    probe
+        .leave_once_it_runs(server.addr, post(&slow, &session.headers()), 1)
+        .await;
     // Within 1 s, well before the tool's 1.5 s end (which ends its token too).
     let cancelled = tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified());
     assert!(cancelled.await.is_err(), "the call was cancelled");
@@ -1054,18 +1051,6 @@ async fn a_call_in_a_session_outlives_its_client_and_ends_with_its_session() {
     let after = session_call(4, "echo", json!({ "text": "a" }), json!({}));
     let answer = server.send(post(&after, &other.headers())).await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);
-}
-
-/// Sends `request` over a connection of its own, and goes away (the request and the
-/// connection dropped) once the probe's tool has started its first run.
-async fn leave_once_it_runs(addr: std::net::SocketAddr, request: Request<Body>, probe: &Probe) {
-    let (mut sender, connection) = carmy_tests::connect(addr).await;
-    let pending = tokio::spawn(async move {
-        let _ = sender.send_request(request).await;
-    });
-    probe.wait_runs(1).await;
-    pending.abort();
-    connection.abort();
 }
 
 /// A 2025-11-25 session: its id and negotiated version.
@@ -1138,13 +1123,9 @@ async fn handshake_over(server: &Server) -> Session {
 #[tokio::test]
 async fn a_graceful_shutdown_ends_open_session_streams() {
     let probe = Probe::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let app = tools::app(&probe).shutdown_grace(Duration::from_millis(200));
-    let serving = tokio::spawn(app.serve_with_shutdown(listener, async move {
-        let _ = stopped.await;
-    }));
+    let mut serving = Serving::start(app).await;
+    let addr = serving.addr;
     let session = session_of(&carmy_tests::send_to(addr, initialize("2025-11-25")).await);
     // The session's standalone stream, which stays open for server-sent messages.
     let (mut sender, _connection) = carmy_tests::connect(addr).await;
@@ -1160,12 +1141,9 @@ async fn a_graceful_shutdown_ends_open_session_streams() {
         .unwrap();
     assert_eq!(stream.status(), StatusCode::OK);
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(3), serving)
-        .await
-        .expect("the server stops although a session stream is open")
-        .unwrap()
-        .unwrap();
+    // The server stops although a session stream is open.
+    serving.stop();
+    serving.ended(Duration::from_secs(3)).await;
     drop(stream);
 }
 
@@ -1174,15 +1152,11 @@ async fn a_graceful_shutdown_ends_open_session_streams() {
 #[tokio::test]
 async fn a_graceful_shutdown_waits_for_a_session_call_whose_client_left() {
     let probe = Probe::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let app = tools::app(&probe)
         .shutdown_grace(Duration::from_secs(10))
         .drain_delay(Duration::ZERO);
-    let serving = tokio::spawn(app.serve_with_shutdown(listener, async move {
-        let _ = stopped.await;
-    }));
+    let mut serving = Serving::start(app).await;
+    let addr = serving.addr;
     let session = session_of(&carmy_tests::send_to(addr, initialize("2025-11-25")).await);
     let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
     let answer = carmy_tests::send_to(addr, post(&initialized, &session.headers())).await;
@@ -1190,14 +1164,13 @@ async fn a_graceful_shutdown_waits_for_a_session_call_whose_client_left() {
 
     // No `request_id`: nothing is recorded, and only the shutdown's wait lets the call end.
     let slow = session_call(1, "slow_write", json!({ "millis": 800 }), json!({}));
-    leave_once_it_runs(addr, post(&slow, &session.headers()), &probe).await;
+    probe
+        .leave_once_it_runs(addr, post(&slow, &session.headers()), 1)
+        .await;
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), serving)
-        .await
-        .expect("the server stops within the grace period")
-        .unwrap()
-        .unwrap();
+    // The server stops within the grace period.
+    serving.stop();
+    serving.ended(Duration::from_secs(5)).await;
     assert_eq!(
         probe.finished.load(std::sync::atomic::Ordering::SeqCst),
         1,
@@ -1272,20 +1245,18 @@ fn with_tasks(id: u64, method: &str, mut params: Value, who: &str) -> Request<Bo
     post(&body, &headers)
 }
 
-/// Polls `tasks/get` until the task leaves `working`.
+/// Polls `tasks/get` until the task leaves `working`; fails the test after [`PATIENCE`].
 async fn task_until_done(router: &axum::Router, task_id: &str) -> Value {
-    loop {
+    until(PATIENCE, &format!("task {task_id} ends"), async || {
         let answer = send(
             router,
             with_tasks(9, "tasks/get", json!({ "taskId": task_id }), "alice"),
         )
         .await;
         let task = result(&answer);
-        if task["status"] != "working" {
-            return task;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (task["status"] != "working").then_some(task)
+    })
+    .await
 }
 
 /// MCP tasks (the 2026-07-28 extension, driven here as the JSON-RPC exchange itself; the

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use carmy::store::MemoryStore;
-use carmy_tests::{execute, run_id, send};
+use carmy_tests::{execute, request, run_id, send};
 use serde_json::json;
 
-use crate::executions::{self, ALICE, BOB, request};
+use crate::executions::{self, ALICE, BOB};
 use crate::tools::{self, Probe};
 
 #[tokio::test]

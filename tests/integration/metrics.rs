@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use carmy::TrustLevel;
 use carmy::protection::RateLimit;
-use carmy_tests::{Answer, execute, execute_request, get, send};
+use carmy_tests::{Answer, execute, execute_request, get, get_as, send, send_as};
 use prometheus_parse::{Sample, Scrape, Value as Reading};
 use serde_json::json;
 
@@ -289,13 +289,7 @@ async fn metrics_can_be_kept_to_internal_callers() {
         .config(config)
         .router()
         .unwrap();
-    let scrape_as = |token: Option<&str>| {
-        let mut request = Request::get("/metrics");
-        if let Some(token) = token {
-            request = request.header("authorization", format!("Bearer {token}"));
-        }
-        send(&router, request.body(Body::empty()).unwrap())
-    };
+    let scrape_as = async |token: Option<&str>| get_as(&router, "/metrics", token).await;
     for refused in [scrape_as(None).await, scrape_as(Some("agent-token")).await] {
         assert_eq!(refused.status, StatusCode::NOT_FOUND);
         assert_eq!(refused.json()["error"]["code"], "ROUTE_NOT_FOUND");
@@ -467,33 +461,29 @@ async fn metrics_trust_reloads_and_enabled_needs_a_restart() {
         .unwrap()
         .router()
         .unwrap();
-    let send_as = async |method: &str, path: &str, token: Option<&str>| {
-        let mut request = Request::builder().method(method).uri(path);
-        if let Some(token) = token {
-            request = request.header("authorization", format!("Bearer {token}"));
-        }
-        send(&router, request.body(Body::empty()).unwrap()).await
+    let call_as = async |method: &str, path: &str, token: Option<&str>| {
+        send_as(&router, method, path, token, None).await
     };
     assert_eq!(
-        send_as("GET", "/metrics", None).await.status,
+        call_as("GET", "/metrics", None).await.status,
         StatusCode::OK
     );
 
     write(&format!(
         "[metrics]\nenabled = true\ntrust = \"internal\"\n\n{root}"
     ));
-    let applied = send_as("POST", "/agent/admin/reload", Some("root-token")).await;
+    let applied = call_as("POST", "/agent/admin/reload", Some("root-token")).await;
     assert_eq!(applied.status, StatusCode::OK, "{}", applied.json());
-    let hidden = send_as("GET", "/metrics", None).await;
+    let hidden = call_as("GET", "/metrics", None).await;
     assert_eq!(hidden.status, StatusCode::NOT_FOUND);
     assert_eq!(hidden.json()["error"]["code"], "ROUTE_NOT_FOUND");
-    let allowed = send_as("GET", "/metrics", Some("root-token")).await;
+    let allowed = call_as("GET", "/metrics", Some("root-token")).await;
     assert_eq!(allowed.status, StatusCode::OK);
 
     write(&format!(
         "[metrics]\nenabled = false\ntrust = \"internal\"\n\n{root}"
     ));
-    let refused = send_as("POST", "/agent/admin/reload", Some("root-token")).await;
+    let refused = call_as("POST", "/agent/admin/reload", Some("root-token")).await;
     assert_eq!(refused.status, StatusCode::CONFLICT);
     assert_eq!(refused.json()["error"]["code"], "RESTART_REQUIRED");
     assert_eq!(refused.json()["error"]["details"]["key"], "metrics.enabled");

@@ -8,13 +8,13 @@ use std::collections::BTreeSet;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use carmy_tests::{Answer, execute_request, get, parse_sse, send, send_empty};
+use carmy_tests::{Answer, bearer, execute_request, get, get_as, parse_sse, send, send_empty};
 use serde_json::{Value, json};
 
 const SNAPSHOTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/snapshots");
 const SHOP_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/shop/carmy.toml");
-const KNOWN_TOKEN: &str = "Bearer shop-known-demo-token";
-const INTERNAL_TOKEN: &str = "Bearer shop-internal-demo-token";
+const KNOWN_TOKEN: &str = "shop-known-demo-token";
+const INTERNAL_TOKEN: &str = "shop-internal-demo-token";
 
 /// The example as shipped: its tools and its `carmy.toml` (demo tokens, rate limits).
 fn shop() -> Router {
@@ -22,16 +22,8 @@ fn shop() -> Router {
     shop::app().config(config).router().unwrap()
 }
 
-async fn get_as(router: &Router, path: &str, authorization: Option<&str>) -> Answer {
-    let mut request = Request::get(path);
-    if let Some(authorization) = authorization {
-        request = request.header("authorization", authorization);
-    }
-    send(router, request.body(Body::empty()).unwrap()).await
-}
-
-async fn openapi_as(router: &Router, authorization: Option<&str>) -> Value {
-    let answer = get_as(router, "/agent/openapi.json", authorization).await;
+async fn openapi_as(router: &Router, token: Option<&str>) -> Value {
+    let answer = get_as(router, "/agent/openapi.json", token).await;
     assert_eq!(answer.status, StatusCode::OK);
     answer.json()
 }
@@ -64,17 +56,8 @@ fn without_execution_id(answer: &Answer) -> Value {
 }
 
 fn assert_snapshot(name: &str, document: &Value) {
-    let path = format!("{SNAPSHOTS}/{name}");
     let pretty = serde_json::to_string_pretty(document).unwrap() + "\n";
-    if std::env::var_os("CARMY_BLESS").is_some() {
-        std::fs::write(&path, &pretty).unwrap();
-    }
-    let expected =
-        std::fs::read_to_string(&path).expect("snapshot exists (CARMY_BLESS=1 writes it)");
-    assert_eq!(
-        pretty, expected,
-        "{name} changed; rerun with CARMY_BLESS=1 if intended"
-    );
+    carmy_tests::assert_snapshot(format!("{SNAPSHOTS}/{name}").as_ref(), &pretty);
 }
 
 /// Fails unless `answer` is one of the answers the document promises for `path`: its status is
@@ -156,14 +139,14 @@ async fn each_trust_level_sees_one_operation_per_tool_it_may_call() {
         "get_order",
         "list_products",
     ];
-    for (authorization, hidden_visible, manages) in [
+    for (token, hidden_visible, manages) in [
         (None, false, false),
         (Some(KNOWN_TOKEN), true, false),
         (Some(INTERNAL_TOKEN), true, true),
     ] {
-        let document = openapi_as(&router, authorization).await;
+        let document = openapi_as(&router, token).await;
         assert_eq!(document["openapi"], "3.1.0");
-        let catalog = get_as(&router, "/agent/tools", authorization).await.json();
+        let catalog = get_as(&router, "/agent/tools", token).await.json();
         let mut expected = set(PROTOCOL_OPERATIONS);
         expected.extend(set(&anonymous_tools));
         if hidden_visible {
@@ -183,10 +166,10 @@ async fn each_trust_level_sees_one_operation_per_tool_it_may_call() {
                 "list_subscription_deliveries",
             ]));
         }
-        assert_eq!(operation_ids(&document), expected, "{authorization:?}");
+        assert_eq!(operation_ids(&document), expected, "{token:?}");
         assert_eq!(
             document["info"]["version"],
-            carmy_tests::sha256_hex(&get_as(&router, "/agent/tools", authorization).await.body)
+            carmy_tests::sha256_hex(&get_as(&router, "/agent/tools", token).await.body)
         );
         // No second schema source: each operation carries the catalog's own schemas.
         for tool in catalog["tools"].as_array().unwrap() {
@@ -344,7 +327,7 @@ async fn the_document_is_served_like_the_catalog() {
     let internal = get_as(&router, "/agent/openapi.json", Some(INTERNAL_TOKEN)).await;
     assert_ne!(internal.header("etag"), Some(etag.as_str()));
     let stale = Request::get("/agent/openapi.json")
-        .header("authorization", INTERNAL_TOKEN)
+        .header("authorization", bearer(INTERNAL_TOKEN))
         .header("if-none-match", &etag)
         .body(Body::empty())
         .unwrap();
@@ -784,14 +767,14 @@ async fn the_example_as_shipped_validates_and_survives_schemathesis() {
     let url = format!("http://{}/agent/openapi.json", shop.addr);
     // Internal: every tool, no rate limit. Known: confirmation refused. Anonymous: the shipped
     // 60 calls a minute, so mostly `429`s.
-    for (name, authorization) in [
+    for (name, token) in [
         ("internal", Some(INTERNAL_TOKEN)),
         ("known", Some(KNOWN_TOKEN)),
         ("anonymous", None),
     ] {
         let mut request = Request::get("/agent/openapi.json").header("host", shop.addr.to_string());
-        if let Some(authorization) = authorization {
-            request = request.header("authorization", authorization);
+        if let Some(token) = token {
+            request = request.header("authorization", bearer(token));
         }
         let answer = carmy_tests::send_to(shop.addr, request.body(Body::empty()).unwrap()).await;
         assert_eq!(answer.status, StatusCode::OK);
@@ -831,8 +814,8 @@ async fn the_example_as_shipped_validates_and_survives_schemathesis() {
         ]
         .map(str::to_owned)
         .into();
-        if let Some(authorization) = authorization {
-            args.extend(["-H".to_owned(), format!("Authorization: {authorization}")]);
+        if let Some(token) = token {
+            args.extend(["-H".to_owned(), format!("Authorization: {}", bearer(token))]);
         }
         run_tool(bin.join("schemathesis"), args, &dir.0).await;
     }

@@ -11,7 +11,7 @@ use axum::http::{Request, StatusCode};
 use carmy::auth::{TokenAuthenticator, hash_token};
 use carmy::protection::{MemoryRateLimiter, RateLimit};
 use carmy::{Principal, ToolError, TrustLevel};
-use carmy_tests::{Answer, execute_request, send, send_to, server_url};
+use carmy_tests::{Answer, Serving, bearer, execute_request, request, send, send_to, server_url};
 use serde_json::{Value, json};
 
 use crate::tools::{self, Probe, Text};
@@ -45,16 +45,8 @@ fn app(probe: &Probe) -> carmy::App {
     tools::app(probe).tool(ledger::TOOL).authenticator(tokens())
 }
 
-fn bearer(token: &str) -> String {
-    format!("Bearer {token}")
-}
-
 fn get_request(path: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut request = Request::get(path);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    request.body(Body::empty()).unwrap()
+    request("GET", path, headers)
 }
 
 fn tool_names(catalog: &Value) -> Vec<&str> {
@@ -487,7 +479,8 @@ async fn answers_copied_from_made_headers_carry_the_gate_headers_once() {
         ),
     ];
     for secured in [true, false] {
-        let addr = serve(app(&Probe::default()).security_headers(secured)).await;
+        let server = Serving::start(app(&Probe::default()).security_headers(secured)).await;
+        let addr = server.addr;
         let executed = send_to(addr, socket_request(addr, &echo(), &[])).await;
         let mut keyed = echo();
         keyed["request_id"] = json!(format!("made-headers-{secured}"));
@@ -536,10 +529,10 @@ async fn answers_copied_from_made_headers_carry_the_gate_headers_once() {
     }
 }
 
-/// Serves `app` the way `App::serve` does (peer addresses known) on a loopback port.
-/// The test app over a socket, anonymous callers allowed `requests` a minute.
-async fn serve_with_anonymous_budget(requests: u32) -> SocketAddr {
-    serve(app(&Probe::default()).rate_limit(
+/// The test app over a socket, served as `App::serve` serves it (peer addresses known),
+/// anonymous callers allowed `requests` a minute.
+async fn serve_with_anonymous_budget(requests: u32) -> Serving {
+    Serving::start(app(&Probe::default()).rate_limit(
         TrustLevel::Anonymous,
         RateLimit {
             requests,
@@ -547,13 +540,6 @@ async fn serve_with_anonymous_budget(requests: u32) -> SocketAddr {
         },
     ))
     .await
-}
-
-async fn serve(app: carmy::App) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(app.serve_with_shutdown(listener, std::future::pending()));
-    addr
 }
 
 fn socket_request(addr: SocketAddr, body: &Value, headers: &[(&str, &str)]) -> Request<Body> {
@@ -584,7 +570,8 @@ async fn status_from(source: [u8; 4], addr: SocketAddr, request: Request<Body>) 
 
 #[tokio::test]
 async fn over_a_socket_each_peer_address_has_its_own_budget() {
-    let addr = serve_with_anonymous_budget(1).await;
+    let server = serve_with_anonymous_budget(1).await;
+    let addr = server.addr;
     let call = || socket_request(addr, &echo(), &[]);
     assert_eq!(
         status_from([127, 0, 0, 1], addr, call()).await,
@@ -607,7 +594,8 @@ async fn over_a_socket_each_peer_address_has_its_own_budget() {
 
 #[tokio::test]
 async fn over_a_socket_peers_are_limited_and_tokens_checked() {
-    let addr = serve_with_anonymous_budget(2).await;
+    let server = serve_with_anonymous_budget(2).await;
+    let addr = server.addr;
 
     let hidden = send_to(
         addr,

@@ -2,18 +2,16 @@
 //! again, a record ttl shorter than a deadline is refused at start-up, and a store outage is
 //! not logged once per call.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use carmy::store::{
     Fingerprint, Finish, IdempotencyKey, KeyStore, MemoryStore, Reservation, StoreError,
 };
-use carmy_tests::execute;
+use carmy_tests::{Captured, execute};
 use futures_util::future::BoxFuture;
 use serde_json::json;
-use tracing::field::{Field, Visit};
-use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
 use crate::tools::{self, Probe};
 
@@ -135,33 +133,10 @@ async fn a_record_ttl_shorter_than_a_deadline_is_refused_at_start_up() {
         .unwrap();
 }
 
-/// Counts the logged events whose message contains a text.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<String>>>);
-
-struct Message<'a>(&'a mut String);
-
-impl Visit for Message<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.0.push_str(&format!("{value:?}"));
-        }
-    }
-}
-
-impl<S: tracing::Subscriber> Layer<S> for Lines {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        let mut line = String::new();
-        event.record(&mut Message(&mut line));
-        self.0.lock().unwrap().push(line);
-    }
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn a_store_outage_is_not_logged_once_per_call() {
-    let lines = Lines::default();
-    let _default =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(lines.clone()));
+    let captured = Captured::default();
+    let _default = captured.set_default(tracing::Level::TRACE);
     let store = Failing {
         reserve_down: true,
         ..Failing::default()
@@ -175,10 +150,8 @@ async fn a_store_outage_is_not_logged_once_per_call() {
         let answer = execute(&router, &call).await;
         assert_eq!(answer.json()["error"]["code"], "IDEMPOTENCY_UNAVAILABLE");
     }
-    let logged = lines
-        .0
-        .lock()
-        .unwrap()
+    let logged = captured
+        .lines()
         .iter()
         .filter(|line| line.contains("idempotency store failed"))
         .count();

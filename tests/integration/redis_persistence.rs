@@ -1,44 +1,16 @@
 //! A Redis without persistence forgets every record when it restarts, and retries then run
 //! again: the store warns at start-up when it can tell.
 
-use std::sync::{Arc, Mutex};
-
 use carmy::store::RedisStore;
-use carmy_tests::{RedisServer, TempDir, server_url};
+use carmy_tests::{Captured, RedisServer, TempDir, server_url};
 use tracing::Level;
-use tracing::field::{Field, Visit};
-use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
-
-/// The events logged while it is the default subscriber, as `LEVEL message`.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<String>>>);
-
-struct Message<'a>(&'a mut String);
-
-impl Visit for Message<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.push_str(&format!(" {}={:?}", field.name(), value));
-    }
-}
-
-impl<S: tracing::Subscriber> Layer<S> for Events {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        let mut line = event.metadata().level().to_string();
-        event.record(&mut Message(&mut line));
-        self.0.lock().unwrap().push(line);
-    }
-}
 
 /// What connecting to `url` logs.
 async fn logged_on_connect(url: &str) -> Vec<String> {
-    let events = Events::default();
-    let _default = tracing::subscriber::set_default(
-        tracing_subscriber::registry().with(events.clone().with_filter(
-            tracing_subscriber::filter::LevelFilter::from_level(Level::DEBUG),
-        )),
-    );
+    let captured = Captured::default();
+    let _default = captured.set_default(Level::DEBUG);
     RedisStore::connect(url).await.expect("connects");
-    events.0.lock().unwrap().clone()
+    captured.lines()
 }
 
 fn persistence_warnings(lines: &[String]) -> Vec<&String> {

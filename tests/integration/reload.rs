@@ -12,7 +12,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use carmy::TrustLevel;
 use carmy::auth::hash_token;
-use carmy_tests::{Answer, TempDir, execute_request, send};
+use carmy_tests::wait::{PATIENCE, within};
+use carmy_tests::{Answer, TempDir, bearer, execute_as, get_as, send, send_as};
 use serde_json::{Value, json};
 
 use crate::tools::{self, Probe};
@@ -70,37 +71,16 @@ impl ConfigFile {
     }
 }
 
-fn bearer(token: &str) -> String {
-    format!("Bearer {token}")
-}
-
 fn echo() -> Value {
     json!({ "tool": "echo", "arguments": { "text": "hi" } })
 }
 
 async fn call(router: &Router, body: &Value, token: Option<&str>) -> Answer {
-    let header = token.map(bearer);
-    let headers: Vec<(&str, &str)> = header
-        .iter()
-        .map(|value| ("authorization", value.as_str()))
-        .collect();
-    send(router, execute_request(body, &headers)).await
-}
-
-async fn get_as(router: &Router, path: &str, token: Option<&str>) -> Answer {
-    let mut request = Request::get(path);
-    if let Some(token) = token {
-        request = request.header("authorization", bearer(token));
-    }
-    send(router, request.body(Body::empty()).unwrap()).await
+    execute_as(router, body, token).await
 }
 
 async fn admin_reload(router: &Router, token: Option<&str>) -> Answer {
-    let mut request = Request::post("/agent/admin/reload");
-    if let Some(token) = token {
-        request = request.header("authorization", bearer(token));
-    }
-    send(router, request.body(Body::empty()).unwrap()).await
+    send_as(router, "POST", "/agent/admin/reload", token, None).await
 }
 
 fn tools_version(router_answer: &Answer) -> String {
@@ -111,15 +91,8 @@ fn tools_version(router_answer: &Answer) -> String {
 }
 
 /// Polls `check` until it holds, for at most [`APPLIES_WITHIN`].
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + APPLIES_WITHIN;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not within {APPLIES_WITHIN:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+async fn eventually(what: &str, check: impl AsyncFnMut() -> bool) {
+    carmy_tests::wait::eventually(APPLIES_WITHIN, what, check).await;
 }
 
 fn app_with(file: &ConfigFile, probe: &Probe) -> carmy::App {
@@ -352,7 +325,9 @@ async fn overrides_hide_a_tool_and_open_another_with_new_tools_versions() {
     assert_ne!(catalog.header("etag").unwrap(), etag);
     let new_version = tools_version(&get_as(&router, "/.well-known/agent", None).await);
     assert_ne!(new_version, version);
-    let event = changes.recv().await.unwrap();
+    let event = within(PATIENCE, "tools.changed", changes.recv())
+        .await
+        .unwrap();
     assert_eq!(carmy::reload::ToolsChanged::NAME, "tools.changed");
     assert_eq!(event.tools_version(TrustLevel::Anonymous), new_version);
 
@@ -650,7 +625,9 @@ async fn a_request_in_flight_finishes_under_the_snapshot_it_started_with() {
     let refused = call(&router, &slow, None).await;
     assert_eq!(refused.status, StatusCode::NOT_FOUND);
 
-    let finished = in_flight.await.unwrap();
+    let finished = within(PATIENCE, "the call in flight answers", in_flight)
+        .await
+        .unwrap();
     assert_eq!(finished.status, StatusCode::OK, "{}", finished.json());
     assert_eq!(finished.json()["status"], "completed");
 }

@@ -9,7 +9,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use carmy_tests::{execute_at, run_id, server_url};
+use carmy_tests::wait::{PATIENCE, eventually, within};
+use carmy_tests::{execute_at, postgres, run_id, server_url};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -60,11 +61,8 @@ fn call(request_id: &str, marker: &str, hold_ms: u64) -> Value {
 
 /// How many times the write with `marker` took effect, read from the shared table.
 async fn effects(effects_url: &str, marker: &str) -> i64 {
-    let (client, connection) = tokio_postgres::connect(effects_url, tokio_postgres::NoTls)
+    postgres::client(effects_url)
         .await
-        .expect("the effects database is reachable");
-    tokio::spawn(connection);
-    client
         .query_one(
             "SELECT count(*) FROM carmy_test_effects WHERE marker = $1",
             &[&marker],
@@ -128,13 +126,10 @@ async fn two_replicas_sharing_redis_run_a_request_once() {
 
 /// Waits until the write with `marker` has landed (the tool is now holding on).
 async fn until_written(effects_url: &str, marker: &str) {
-    for _ in 0..200 {
-        if effects(effects_url, marker).await > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the write never landed");
+    eventually(PATIENCE, "the write lands", async || {
+        effects(effects_url, marker).await > 0
+    })
+    .await;
 }
 
 /// A retry of a write whose replica died mid-run: `409 EXECUTION_UNCERTAIN` naming the first
@@ -267,9 +262,12 @@ async fn the_file_store_keeps_every_answered_call_of_a_crash_under_load() {
         .collect();
     // Killed while the calls are still coming in.
     let mut before_the_crash = Vec::new();
-    while before_the_crash.len() < 50 {
-        before_the_crash.push(answers.recv().await.expect("calls are answered"));
-    }
+    within(PATIENCE, "50 calls answered", async {
+        while before_the_crash.len() < 50 {
+            before_the_crash.push(answers.recv().await.expect("calls are answered"));
+        }
+    })
+    .await;
     replica.kill().await;
     for call in calls {
         // A call cut off by the crash fails in its client: it was never answered.

@@ -13,15 +13,7 @@ async fn shop_schemas_match_the_snapshot() {
     let router = shop::app().router().unwrap();
     let catalog = get(&router, "/agent/tools").await.json();
     let pretty = serde_json::to_string_pretty(&catalog).unwrap() + "\n";
-    if std::env::var_os("CARMY_BLESS").is_some() {
-        std::fs::write(SNAPSHOT, &pretty).unwrap();
-    }
-    let expected =
-        std::fs::read_to_string(SNAPSHOT).expect("snapshot exists (CARMY_BLESS=1 writes it)");
-    assert_eq!(
-        pretty, expected,
-        "the catalog changed; rerun with CARMY_BLESS=1 if intended"
-    );
+    carmy_tests::assert_snapshot(SNAPSHOT.as_ref(), &pretty);
 }
 
 fn walk<'a>(schema: &'a Value, found: &mut Vec<(&'a str, &'a Value)>) {

@@ -13,10 +13,7 @@ async fn postgres_answers_a_query() {
     let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
         return;
     };
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|error| panic!("CARMY_TEST_POSTGRES_URL={url} is unreachable: {error}"));
-    tokio::spawn(connection);
+    let client = carmy_tests::postgres::client(&url).await;
     let row = client.query_one("SELECT 1::INT4", &[]).await.unwrap();
     assert_eq!(row.get::<_, i32>(0), 1);
 }

@@ -164,10 +164,7 @@ async fn a_retry_does_not_wait_for_a_lock_on_its_postgres_record() {
     let call = json!({ "tool": "count", "arguments": { "text": "a" }, "request_id": request_id });
     assert_eq!(execute(&router, &call).await.status, StatusCode::OK);
 
-    let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("a connection of the test's own");
-    tokio::spawn(connection);
+    let mut client = carmy_tests::postgres::client(&url).await;
     let holder = client.transaction().await.unwrap();
     let locked = holder
         .execute(
@@ -197,7 +194,8 @@ async fn a_stalled_redis_is_503_in_time_and_the_call_never_runs() {
 /// Every request about executions while the store stalls: a retryable JSON `503` in time; the
 /// execution is intact once the store answers again.
 async fn a_stall_is_503_in_time_for_every_execution_request(url: &str) {
-    use crate::executions::{ALICE, ASYNC, chatter, request, start, wait_ended};
+    use crate::executions::{ALICE, ASYNC, chatter, start, wait_ended};
+    use carmy_tests::request;
     let (target, with_authority) = split_authority(url);
     let proxy = Proxy::start(target).await;
     let store = carmy::store::connect_with(&with_authority(proxy.addr), quick())

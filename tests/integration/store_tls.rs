@@ -46,10 +46,7 @@ async fn round_trip(store: &dyn KeyStore, name: &str) {
 
 /// A plain connection to the test database, and the server's TLS certificate file.
 async fn server_certificate(url: &str) -> (tokio_postgres::Client, String) {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = carmy_tests::postgres::client(url).await;
     let ssl: String = client.query_one("SHOW ssl", &[]).await.unwrap().get(0);
     assert_eq!(
         ssl, "on",

@@ -1,10 +1,14 @@
 //! Tools for the execution tests, unregistered so each test builds exactly the app it needs.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::http::Request;
 use carmy::{Context, JsonSchema, State, ToolError};
+use carmy_tests::wait::{PATIENCE, within};
 use serde::{Deserialize, Serialize, Serializer};
 use tokio::sync::Notify;
 
@@ -35,17 +39,37 @@ impl Probe {
         self.runs.load(Ordering::SeqCst)
     }
 
-    /// Waits until tool bodies started `n` times in all.
+    /// Waits until tool bodies started `n` times in all; fails the test after [`PATIENCE`].
     pub(crate) async fn wait_runs(&self, n: u64) {
-        loop {
-            let notified = self.started.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.runs() >= n {
-                return;
+        let started = async {
+            loop {
+                let notified = self.started.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.runs() >= n {
+                    return;
+                }
+                notified.await;
             }
-            notified.await;
-        }
+        };
+        within(PATIENCE, &format!("tool bodies start {n} times"), started).await;
+    }
+
+    /// Sends `request` to `addr` on a connection of its own, and goes away (the request and
+    /// its connection dropped) once tool bodies have started `runs` times in all.
+    pub(crate) async fn leave_once_it_runs(
+        &self,
+        addr: SocketAddr,
+        request: Request<Body>,
+        runs: u64,
+    ) {
+        let (mut sender, connection) = carmy_tests::connect(addr).await;
+        let pending = tokio::spawn(async move {
+            let _ = sender.send_request(request).await;
+        });
+        self.wait_runs(runs).await;
+        pending.abort();
+        connection.abort();
     }
 }
 

@@ -6,89 +6,21 @@
 //!
 //! One test, one subscriber: `tracing` caches which callsites are enabled across threads, and a
 //! callsite first hit by another test while this subscriber is being set can be cached as
-//! disabled; the cache is rebuilt before each case.
-
-use std::sync::{Arc, Mutex};
+//! disabled; the cache is rebuilt (`Captured::clear`) before each case.
 
 use axum::body::Body;
 use axum::http::Request;
-use carmy_tests::{execute, execute_request, send};
+use carmy_tests::{Captured, execute, execute_request, send};
 use serde_json::json;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
-use tracing_subscriber::registry::LookupSpan;
 
 use crate::tools::{self, Probe};
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-#[derive(Clone, Default)]
-struct Recorder {
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Recorder {
-    /// Forgets what was recorded, and has every callsite ask this subscriber again.
-    fn clear(&self) {
-        self.lines.lock().unwrap().clear();
-        tracing::callsite::rebuild_interest_cache();
-    }
-
-    fn text(&self) -> String {
-        self.lines.lock().unwrap().join("\n")
-    }
-
-    /// The line that opened the span called `name`.
-    fn opened(&self, name: &str) -> String {
-        let prefix = format!("new {name} ");
-        let lines = self.lines.lock().unwrap();
-        let found: Vec<&String> = lines
-            .iter()
-            .filter(|line| line.starts_with(&prefix))
-            .collect();
-        assert_eq!(found.len(), 1, "one {name} span:\n{}", lines.join("\n"));
-        found[0].clone()
-    }
-}
-
-struct Fields<'a>(&'a mut String);
-
-impl Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.push_str(&format!(" {}={:?}", field.name(), value));
-    }
-}
-
-impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, context: Context<'_, S>) {
-        let parent = context
-            .span(id)
-            .and_then(|span| span.parent())
-            .map_or("none", |parent| parent.name());
-        let mut line = format!("new {} parent={parent}", attrs.metadata().name());
-        attrs.record(&mut Fields(&mut line));
-        self.lines.lock().unwrap().push(line);
-    }
-
-    fn on_record(&self, _: &Id, values: &Record<'_>, _: Context<'_, S>) {
-        let mut line = "record".to_owned();
-        values.record(&mut Fields(&mut line));
-        self.lines.lock().unwrap().push(line);
-    }
-
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        let mut line = "event".to_owned();
-        event.record(&mut Fields(&mut line));
-        self.lines.lock().unwrap().push(line);
-    }
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn spans_follow_the_semantic_conventions() {
-    let recorder = Recorder::default();
-    let _default =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(recorder.clone()));
+    let recorder = Captured::default();
+    let _default = recorder.set_default(tracing::Level::TRACE);
     let router = tools::app(&Probe::default()).router().unwrap();
     recorder.clear();
     one_span_per_execution_without_arguments_or_outputs(&recorder, &router).await;
@@ -111,7 +43,7 @@ async fn spans_follow_the_semantic_conventions() {
 }
 
 async fn one_span_per_execution_without_arguments_or_outputs(
-    recorder: &Recorder,
+    recorder: &Captured,
     router: &axum::Router,
 ) {
     let answer = execute(router, &json!({ "tool": "echo", "arguments": { "text": "s3cret-argument" }, "request_id": "trace-1" })).await;
@@ -142,7 +74,7 @@ async fn one_span_per_execution_without_arguments_or_outputs(
 }
 
 async fn the_callers_traceparent_is_the_parent_of_the_request(
-    recorder: &Recorder,
+    recorder: &Captured,
     router: &axum::Router,
 ) {
     let body = json!({ "tool": "echo", "arguments": { "text": "hi" } });
@@ -165,7 +97,7 @@ async fn the_callers_traceparent_is_the_parent_of_the_request(
 }
 
 async fn a_malformed_or_repeated_traceparent_starts_a_new_trace(
-    recorder: &Recorder,
+    recorder: &Captured,
     router: &axum::Router,
     headers: &[(&str, &str)],
 ) {
@@ -176,7 +108,7 @@ async fn a_malformed_or_repeated_traceparent_starts_a_new_trace(
     assert!(!opened.contains("trace_id"), "{opened}");
 }
 
-async fn unmatched_paths_name_no_route(recorder: &Recorder, router: &axum::Router) {
+async fn unmatched_paths_name_no_route(recorder: &Captured, router: &axum::Router) {
     let request = Request::get("/agent/no/such/route-8731")
         .body(Body::empty())
         .unwrap();
@@ -191,7 +123,7 @@ async fn unmatched_paths_name_no_route(recorder: &Recorder, router: &axum::Route
 }
 
 async fn mcp_tools_call_is_a_span_in_the_trace_of_its_meta(
-    recorder: &Recorder,
+    recorder: &Captured,
     router: &axum::Router,
 ) {
     let request = crate::mcp::call(

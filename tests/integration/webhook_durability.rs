@@ -18,7 +18,8 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Request, StatusCode};
-use carmy_tests::{Answer, TempDir, run_id, send_to, server_url};
+use carmy_tests::wait::{PATIENCE, within};
+use carmy_tests::{Answer, TempDir, postgres, redis_database, run_id, send_to, server_url};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -394,53 +395,26 @@ async fn events_survive_a_crash(store_url: &str, name: &str, down: Down) {
     shop.unsubscribe(&subscription).await;
 }
 
-/// A PostgreSQL schema of its own, created here (the store migrates it): the URL that uses it.
-async fn postgres_schema(url: &str, name: &str) -> String {
-    let schema = format!("carmy_webhooks_{name}_{}", run_id());
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
-        .await
-        .unwrap();
-    let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}options=-csearch_path%3D{schema}")
-}
-
-/// Drops what [`postgres_schema`] created.
-async fn drop_postgres_schema(url: &str, name: &str) {
-    let schema = format!("carmy_webhooks_{name}_{}", run_id());
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-        .await
-        .unwrap();
+/// The PostgreSQL schema of the run `name`: created by [`postgres::schema`], and the store
+/// migrates it.
+fn schema_of(name: &str) -> String {
+    format!("carmy_webhooks_{name}_{}", run_id())
 }
 
 async fn with_postgres(name: &str, down: Down) {
     let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
         return;
     };
-    let scoped = postgres_schema(&url, name).await;
+    let scoped = postgres::schema(&url, &schema_of(name)).await;
     events_survive_a_crash(&scoped, name, down).await;
-    drop_postgres_schema(&url, name).await;
+    postgres::drop_schema(&url, &schema_of(name)).await;
 }
 
 /// A Redis database of its own, rid of the subscriptions an interrupted earlier run left
 /// behind (they would be sent these events too): its URL.
-async fn redis_database(database: u32) -> Option<String> {
+async fn redis_of_its_own(database: u32) -> Option<String> {
     let url = server_url("CARMY_TEST_REDIS_URL")?;
-    let base = url.trim_end_matches('/');
-    let base = base
-        .rsplit_once('/')
-        .filter(|(_, db)| db.parse::<u32>().is_ok())
-        .map_or(base, |(base, _)| base);
-    let scoped = format!("{base}/{database}");
+    let scoped = redis_database(&url, database);
     let store = carmy::store::connect(&scoped).await.unwrap();
     for left in store.subscriptions().await.unwrap() {
         store.delete_subscription(&left.id).await.unwrap();
@@ -449,7 +423,7 @@ async fn redis_database(database: u32) -> Option<String> {
 }
 
 async fn with_redis(database: u32, down: Down) {
-    let Some(scoped) = redis_database(database).await else {
+    let Some(scoped) = redis_of_its_own(database).await else {
         return;
     };
     events_survive_a_crash(&scoped, &format!("redis{database}"), down).await;
@@ -538,14 +512,14 @@ async fn two_replicas_on_one_postgres_make_each_attempt_once() {
     let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
         return;
     };
-    let scoped = postgres_schema(&url, "replicas").await;
+    let scoped = postgres::schema(&url, &schema_of("replicas")).await;
     replicas_make_each_attempt_once(&scoped, "pg-replicas").await;
-    drop_postgres_schema(&url, "replicas").await;
+    postgres::drop_schema(&url, &schema_of("replicas")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_one_redis_make_each_attempt_once() {
-    let Some(scoped) = redis_database(13).await else {
+    let Some(scoped) = redis_of_its_own(13).await else {
         return;
     };
     replicas_make_each_attempt_once(&scoped, "redis-replicas").await;
@@ -626,10 +600,13 @@ impl Verifier {
     async fn finish(mut self) -> String {
         drop(self.stdin);
         let mut rest = Vec::new();
-        while let Some(line) = self.lines.next_line().await.unwrap() {
-            rest.push(line);
-        }
-        let status = self.child.wait().await.unwrap();
+        let status = within(PATIENCE, "the verifier exits", async {
+            while let Some(line) = self.lines.next_line().await.unwrap() {
+                rest.push(line);
+            }
+            self.child.wait().await.unwrap()
+        })
+        .await;
         assert!(status.success(), "{status}: {rest:?}");
         rest.join("\n")
     }
@@ -648,7 +625,7 @@ async fn the_official_verifier_accepts_every_delivery_also_after_a_rotation() {
     ) else {
         return;
     };
-    let scoped = postgres_schema(&url, "verifier").await;
+    let scoped = postgres::schema(&url, &schema_of("verifier")).await;
     let config = TestConfig::new("verifier");
     let (mut verifier, hook) = Verifier::start(&python).await;
     let shop = Shop::start(&program, &scoped, &config.path()).await;
@@ -672,5 +649,5 @@ async fn the_official_verifier_accepts_every_delivery_also_after_a_rotation() {
     assert_eq!(verifier.finish().await, format!("done {}", 2 * CALLS));
     shop.unsubscribe(&subscription).await;
     drop(shop);
-    drop_postgres_schema(&url, "verifier").await;
+    postgres::drop_schema(&url, &schema_of("verifier")).await;
 }

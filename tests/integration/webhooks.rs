@@ -13,10 +13,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use carmy::auth::hash_token;
-use carmy::store::Engine;
 use carmy::webhook::SigningSecret;
 use carmy::webhook::verify;
-use carmy_tests::{Answer, Server, TempDir, execute_request, send, server_url};
+use carmy::store::Engine;
+use carmy_tests::{Answer, Server, TempDir, bearer, execute_as, execute_request, send, server_url};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -67,19 +67,7 @@ const SHORT: &[&str] = &["200ms", "400ms"];
 /// (the test is skipped) without `CARMY_TEST_POSTGRES_URL`.
 pub(crate) async fn postgres(test: &str) -> Option<Arc<dyn Engine>> {
     let url = server_url("CARMY_TEST_POSTGRES_URL")?;
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    let schema = format!("webhooks_{test}");
-    client
-        .batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
-        ))
-        .await
-        .unwrap();
-    let separator = if url.contains('?') { '&' } else { '?' };
-    let scoped = format!("{url}{separator}options=-csearch_path%3D{schema}");
+    let scoped = carmy_tests::postgres::fresh_schema(&url, &format!("webhooks_{test}")).await;
     Some(carmy::store::connect(&scoped).await.unwrap())
 }
 
@@ -113,26 +101,7 @@ pub(crate) fn app_with_env(
 }
 
 /// A request as `token` (anonymous when `None`), with a JSON body when `body` is given.
-pub(crate) async fn call(
-    router: &Router,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&Value>,
-) -> Answer {
-    let mut request = Request::builder().method(method).uri(path);
-    if let Some(token) = token {
-        request = request.header("authorization", format!("Bearer {token}"));
-    }
-    let body = match body {
-        Some(body) => {
-            request = request.header("content-type", "application/json");
-            Body::from(body.to_string())
-        }
-        None => Body::empty(),
-    };
-    send(router, request.body(body).unwrap()).await
-}
+pub(crate) use carmy_tests::send_as as call;
 
 /// Creates a subscription as root; its JSON, with the secret.
 pub(crate) async fn subscribe(router: &Router, url: &str, event_types: &[&str]) -> Value {
@@ -162,12 +131,7 @@ pub(crate) async fn echo(router: &Router, token: Option<&str>, request_id: Optio
     if let Some(request_id) = request_id {
         body["request_id"] = json!(request_id);
     }
-    let header = token.map(|token| format!("Bearer {token}"));
-    let headers: Vec<(&str, &str)> = header
-        .iter()
-        .map(|value| ("authorization", value.as_str()))
-        .collect();
-    send(router, execute_request(&body, &headers)).await
+    execute_as(router, &body, token).await
 }
 
 /// `GET …/{id}` as root.
@@ -191,15 +155,8 @@ async fn attempts(router: &Router, subscription: &str) -> Vec<Value> {
 }
 
 /// Polls `check` until it holds, for at most [`DELIVERED_WITHIN`].
-pub(crate) async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + DELIVERED_WITHIN;
-    while !check().await {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {DELIVERED_WITHIN:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+pub(crate) async fn eventually(what: &str, check: impl AsyncFnMut() -> bool) {
+    carmy_tests::wait::eventually(DELIVERED_WITHIN, what, check).await;
 }
 
 /// What a receiver answers a delivery.
@@ -514,7 +471,7 @@ async fn malformed_subscription_requests_are_json_400s() {
     let not_json = send(
         &router,
         Request::post(SUBSCRIPTIONS)
-            .header("authorization", format!("Bearer {ROOT}"))
+            .header("authorization", bearer(ROOT))
             .header("content-type", "application/json")
             .body(Body::from("{\"url\": "))
             .unwrap(),
@@ -705,7 +662,7 @@ async fn execution_finished_is_signed_and_delivered_for_kept_executions_only() {
         &router,
         execute_request(
             &json!({ "tool": "detached", "arguments": { "reports": 0, "millis": 10 } }),
-            &[("authorization", &format!("Bearer {MANAGER}"))],
+            &[("authorization", &bearer(MANAGER))],
         ),
     )
     .await;

@@ -1,17 +1,33 @@
-//! Helpers for the black-box tests: send a request to a router and read the answer.
+//! Helpers for the black-box tests, shared by every test file: requests to a router and their
+//! answers, servers on loopback sockets, waits with deadlines, captured logs, the services a
+//! test needs, and snapshots.
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, HttpBody};
 use axum::http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
 
+mod logs;
+pub mod postgres;
+mod process;
 mod proxy;
 mod redis_server;
+mod server;
+mod services;
+mod snapshot;
+mod sse;
+pub mod wait;
 
+pub use logs::Captured;
+pub use process::{ShippedShop, run_to_success};
 pub use proxy::Proxy;
-pub use redis_server::{Certificates, RedisServer, TempDir};
+pub use redis_server::{Certificates, RedisServer, TempDir, redis_database};
+pub use server::{Server, Serving, connect, execute_at, send_to};
+pub use services::server_url;
+pub use snapshot::assert_snapshot;
+pub use sse::{SseEvent, parse_sse};
 
 /// An answer, read whole.
 #[derive(Debug)]
@@ -22,6 +38,21 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// Reads `response` to its end.
+    pub async fn read<B>(response: Response<B>) -> Self
+    where
+        B: HttpBody,
+        B::Error: std::fmt::Debug,
+    {
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.expect("the body reads").to_bytes();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
     /// The body as JSON; panics (failing the test) if it is not JSON.
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|error| {
@@ -40,28 +71,64 @@ impl Answer {
 
 /// Sends `request` to `router` in-process.
 pub async fn send(router: &Router, request: Request<Body>) -> Answer {
-    let response: Response<Body> = router
+    let response = router
         .clone()
         .oneshot(request)
         .await
         .expect("routers are infallible");
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.expect("body reads").to_bytes();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-    }
+    Answer::read(response).await
 }
 
 /// `method path` without a body, in-process.
 pub async fn send_empty(router: &Router, method: Method, path: &str) -> Answer {
-    let request = Request::builder()
-        .method(method)
-        .uri(path)
-        .body(Body::empty())
-        .expect("valid request");
-    send(router, request).await
+    send(router, request(method.as_str(), path, &[])).await
+}
+
+/// `method path` with `headers` and no body.
+pub fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut request = Request::builder().method(method).uri(path);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(Body::empty()).expect("valid request")
+}
+
+/// The `Authorization` value that presents `token`.
+pub fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+/// `method path` as the caller of `token` (anonymous when `None`), with `body` as JSON when
+/// given.
+pub fn request_as(
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> Request<Body> {
+    let mut request = Request::builder().method(method).uri(path);
+    if let Some(token) = token {
+        request = request.header("authorization", bearer(token));
+    }
+    let body = match body {
+        Some(body) => {
+            request = request.header("content-type", "application/json");
+            Body::from(body.to_string())
+        }
+        None => Body::empty(),
+    };
+    request.body(body).expect("valid request")
+}
+
+/// [`request_as`], sent to `router` in-process.
+pub async fn send_as(
+    router: &Router,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> Answer {
+    send(router, request_as(method, path, token, body)).await
 }
 
 /// `POST /agent/execute` with a JSON body and extra headers.
@@ -80,15 +147,24 @@ pub async fn execute(router: &Router, body: &Value) -> Answer {
     send(router, execute_request(body, &[])).await
 }
 
+/// `POST /agent/execute` in-process as the caller of `token` (anonymous when `None`).
+pub async fn execute_as(router: &Router, body: &Value, token: Option<&str>) -> Answer {
+    send_as(router, "POST", "/agent/execute", token, Some(body)).await
+}
+
 /// `GET path`.
 pub async fn get(router: &Router, path: &str) -> Answer {
-    send(
-        router,
-        Request::get(path)
-            .body(Body::empty())
-            .expect("valid request"),
-    )
-    .await
+    get_with(router, path, &[]).await
+}
+
+/// `GET path` with extra headers.
+pub async fn get_with(router: &Router, path: &str, headers: &[(&str, &str)]) -> Answer {
+    send(router, request("GET", path, headers)).await
+}
+
+/// `GET path` as the caller of `token` (anonymous when `None`).
+pub async fn get_as(router: &Router, path: &str, token: Option<&str>) -> Answer {
+    send_as(router, "GET", path, token, None).await
 }
 
 /// Hex SHA-256, as carmy's ETags and `tools_version` use.
@@ -100,225 +176,6 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// A router served on a loopback port for the test's lifetime.
-#[derive(Debug)]
-pub struct Server {
-    pub addr: std::net::SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Server {
-    /// Serves `router` on `127.0.0.1` at a free port.
-    pub async fn start(router: Router) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let addr = listener.local_addr().expect("bound address");
-        let task = tokio::spawn(async move {
-            axum::serve(listener, router).await.expect("serve");
-        });
-        Server { addr, task }
-    }
-
-    /// Opens a fresh HTTP/1.1 connection. Aborting the returned task closes the socket.
-    pub async fn connect(
-        &self,
-    ) -> (
-        hyper::client::conn::http1::SendRequest<Body>,
-        tokio::task::JoinHandle<()>,
-    ) {
-        connect(self.addr).await
-    }
-
-    /// Sends `request` on a fresh connection and reads the whole answer.
-    pub async fn send(&self, request: Request<Body>) -> Answer {
-        send_to(self.addr, request).await
-    }
-
-    /// `GET path` with extra headers.
-    pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
-        let mut request = Request::get(path).header("host", self.addr.to_string());
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        self.send(request.body(Body::empty()).expect("valid request"))
-            .await
-    }
-}
-
-/// Opens a fresh HTTP/1.1 connection to `addr`. Aborting the returned task closes the socket.
-pub async fn connect(
-    addr: std::net::SocketAddr,
-) -> (
-    hyper::client::conn::http1::SendRequest<Body>,
-    tokio::task::JoinHandle<()>,
-) {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("handshake");
-    let task = tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    (sender, task)
-}
-
-/// Sends `request` to `addr` on a fresh connection and reads the whole answer.
-pub async fn send_to(addr: std::net::SocketAddr, request: Request<Body>) -> Answer {
-    let (mut sender, _connection) = connect(addr).await;
-    let response = sender.send_request(request).await.expect("response");
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.expect("body").to_bytes();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// One Server-Sent Event, or a comment (a keep-alive).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SseEvent {
-    pub event: Option<String>,
-    pub id: Option<String>,
-    pub data: Option<String>,
-    pub comment: bool,
-}
-
-impl SseEvent {
-    /// The data as JSON.
-    pub fn json(&self) -> Value {
-        serde_json::from_str(self.data.as_deref().expect("event has data")).expect("data is JSON")
-    }
-}
-
-/// Splits an event-stream body into its events and comments.
-pub fn parse_sse(text: &str) -> Vec<SseEvent> {
-    text.split("\n\n")
-        .filter(|block| !block.trim().is_empty())
-        .map(|block| {
-            let mut event = SseEvent {
-                event: None,
-                id: None,
-                data: None,
-                comment: false,
-            };
-            for line in block.lines() {
-                if line.starts_with(':') {
-                    event.comment = true;
-                } else if let Some((field, value)) = line.split_once(':') {
-                    let value = value.strip_prefix(' ').unwrap_or(value).to_owned();
-                    match field {
-                        "event" => event.event = Some(value),
-                        "id" => event.id = Some(value),
-                        "data" => {
-                            assert!(event.data.is_none(), "data must fit on one line: {block}");
-                            event.data = Some(value);
-                        }
-                        other => panic!("unexpected SSE field {other:?} in {block:?}"),
-                    }
-                }
-            }
-            event
-        })
-        .collect()
-}
-
-/// `POST /agent/execute` with a JSON body to a server at `addr`, on a fresh connection.
-pub async fn execute_at(addr: std::net::SocketAddr, body: &Value) -> Answer {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("handshake");
-    tokio::spawn(connection);
-    let request = Request::post("/agent/execute")
-        .header("host", addr.to_string())
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .expect("valid request");
-    let response = sender.send_request(request).await.expect("response");
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.expect("body").to_bytes();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-    }
-}
-
-/// The location of a service some tests need, from `var`: a server's URL, or a client program.
-///
-/// Unset, the test is skipped and says so on stderr, written directly: libtest hides what a
-/// passing test prints with `eprintln!`. With `CARMY_REQUIRE_SERVICES` set, as `.ci/run` sets
-/// it, the test fails instead, so CI never skips a test.
-pub fn server_url(var: &str) -> Option<String> {
-    use std::io::Write as _;
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var_os("CARMY_REQUIRE_SERVICES").is_some() => {
-            panic!("{var} is not set, and CARMY_REQUIRE_SERVICES forbids skipping")
-        }
-        _ => {
-            // libtest runs each test on a thread named after it.
-            let thread = std::thread::current();
-            let test = thread.name().unwrap_or("a test");
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED {test}: needs {var} (.ci/run sets it)"
-            );
-            None
-        }
-    }
-}
-
-/// The example as shipped (`CARMY_SHOP_BIN`, with its `carmy.toml`) on a loopback port, with
-/// `envs` set besides; killed when dropped.
-#[derive(Debug)]
-pub struct ShippedShop {
-    child: std::process::Child,
-    pub addr: std::net::SocketAddr,
-}
-
-impl ShippedShop {
-    pub async fn start(program: &std::path::Path, envs: &[(&str, &std::ffi::OsStr)]) -> Self {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .unwrap();
-        let child = std::process::Command::new(program)
-            .env("CARMY_ADDR", addr.to_string())
-            .env("RUST_LOG", "warn")
-            .env_remove("CARMY_IDEMPOTENCY_URL")
-            .env_remove("CARMY_CONFIG")
-            .envs(envs.iter().copied())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|error| panic!("{program:?} cannot start: {error}"));
-        let shop = ShippedShop { child, addr };
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                return shop;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        panic!("the shop did not listen on {addr} within 10 s");
-    }
-}
-
-impl Drop for ShippedShop {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A name unique to this test run, so reruns and parallel tests never share records.
 pub fn run_id() -> &'static str {
     static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -328,28 +185,4 @@ pub fn run_id() -> &'static str {
             .map_or(0, |since| since.as_nanos());
         format!("run{}x{nanos}", std::process::id())
     })
-}
-
-/// Runs an outside program (an MCP client, a fuzzer, the browser test) in `dir` to its end;
-/// fails the test with everything it printed unless it succeeds, else prints its output.
-pub async fn run_to_success(
-    program: impl AsRef<std::ffi::OsStr>,
-    args: &[&std::ffi::OsStr],
-    dir: &std::path::Path,
-) {
-    let mut command = std::process::Command::new(program.as_ref());
-    command.args(args).current_dir(dir);
-    let shown = format!("{command:?}");
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .expect("the program's thread runs")
-        .unwrap_or_else(|error| panic!("{shown} cannot start: {error}"));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{shown} failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
-    println!("{stdout}");
 }

@@ -1,5 +1,6 @@
 //! A Redis server of the test's own, for setups the shared one must not be given (TLS,
-//! persistence settings): started on a free loopback port, killed when dropped.
+//! persistence settings): started on a free loopback port, killed when dropped; a database of
+//! the test's own on the shared one; temporary directories.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -140,6 +141,17 @@ impl Certificates {
             key: path("server.key"),
         }
     }
+}
+
+/// `url` (a Redis server's, with or without a database) naming `database` instead: a test's
+/// own namespace on a shared server.
+pub fn redis_database(url: &str, database: u32) -> String {
+    let base = url.trim_end_matches('/');
+    let base = base
+        .rsplit_once('/')
+        .filter(|(_, db)| db.parse::<u32>().is_ok())
+        .map_or(base, |(base, _)| base);
+    format!("{base}/{database}")
 }
 
 /// A directory of the test's own under the system's temporary directory, removed when dropped.

@@ -14,7 +14,7 @@ use carmy::store::{
     AfterAttempt, ClaimedDelivery, DeliveryAttempt, EventStore, KEPT_ATTEMPTS, MemoryStore,
     OutboxEvent, StoredSubscription,
 };
-use carmy_tests::{run_id, server_url};
+use carmy_tests::{redis_database, run_id, server_url};
 
 use super::{LEASE, TempFile, file_store};
 
@@ -372,16 +372,7 @@ async fn postgres_keeps_the_outbox() {
     let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
         return;
     };
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {POSTGRES_SCHEMA}"))
-        .await
-        .unwrap();
-    let separator = if url.contains('?') { '&' } else { '?' };
-    let scoped = format!("{url}{separator}options=-csearch_path%3D{POSTGRES_SCHEMA}");
+    let scoped = carmy_tests::postgres::schema(&url, POSTGRES_SCHEMA).await;
     let store = carmy::store::connect(&scoped).await.unwrap();
     outbox_contract(store, "postgres").await;
 }
@@ -394,12 +385,7 @@ async fn redis_keeps_the_outbox() {
     let Some(url) = server_url("CARMY_TEST_REDIS_URL") else {
         return;
     };
-    let base = url.trim_end_matches('/');
-    let base = base
-        .rsplit_once('/')
-        .filter(|(_, db)| db.parse::<u32>().is_ok())
-        .map_or(base, |(base, _)| base);
-    let store = carmy::store::connect(&format!("{base}/{REDIS_DATABASE}"))
+    let store = carmy::store::connect(&redis_database(&url, REDIS_DATABASE))
         .await
         .unwrap();
     outbox_contract(store, "redis").await;
@@ -519,18 +505,7 @@ async fn postgres_replicas_share_the_outbox() {
     let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
         return;
     };
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-        .batch_execute(&format!(
-            "CREATE SCHEMA IF NOT EXISTS {POSTGRES_REPLICAS_SCHEMA}"
-        ))
-        .await
-        .unwrap();
-    let separator = if url.contains('?') { '&' } else { '?' };
-    let scoped = format!("{url}{separator}options=-csearch_path%3D{POSTGRES_REPLICAS_SCHEMA}");
+    let scoped = carmy_tests::postgres::schema(&url, POSTGRES_REPLICAS_SCHEMA).await;
     let first = carmy::store::connect(&scoped).await.unwrap();
     let second = carmy::store::connect(&scoped).await.unwrap();
     replicas_share_the_outbox(first, second, "postgres").await;
@@ -544,12 +519,7 @@ async fn redis_replicas_share_the_outbox() {
     let Some(url) = server_url("CARMY_TEST_REDIS_URL") else {
         return;
     };
-    let base = url.trim_end_matches('/');
-    let base = base
-        .rsplit_once('/')
-        .filter(|(_, db)| db.parse::<u32>().is_ok())
-        .map_or(base, |(base, _)| base);
-    let scoped = format!("{base}/{REDIS_REPLICAS_DATABASE}");
+    let scoped = redis_database(&url, REDIS_REPLICAS_DATABASE);
     let first = carmy::store::connect(&scoped).await.unwrap();
     let second = carmy::store::connect(&scoped).await.unwrap();
     replicas_share_the_outbox(first, second, "redis").await;
