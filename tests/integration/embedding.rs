@@ -55,7 +55,7 @@ async fn carmy_server_serves_a_host_router_with_the_same_limits() {
     assert_eq!((status, body.as_str()), (200, "ok"));
     let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
     let closed = crate::connections::closed_after(&mut silent, Duration::from_secs(5)).await;
-    assert!(closed.is_some_and(|closed| closed < Duration::from_millis(1_800)));
+    assert!(closed.is_some_and(|closed| closed < 3 * Duration::from_secs(1)));
     let _stalled = tokio::net::TcpStream::connect(addr).await.unwrap();
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(3), server)

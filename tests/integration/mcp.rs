@@ -1007,21 +1007,23 @@ async fn a_plain_call_in_a_session_is_answered_as_json_and_the_rest_as_the_sdk_s
 #[tokio::test]
 async fn a_call_in_a_session_outlives_its_client_and_ends_with_its_session() {
     let probe = Probe::default();
-    let server = Server::start(router(&probe)).await;
+    // Time for the tool to run three times as long as the test watches it, below.
+    let longer = carmy::Config::parse("[tools.slow_write]\ntimeout = \"10s\"\n", |_| None).unwrap();
+    let server = Server::start(tools::app(&probe).config(longer).router().unwrap()).await;
     let session = handshake_over(&server).await;
 
     // The client goes away: the call is not cancelled (MCP asks for notifications/cancelled),
     // and a retry with its key gets the outcome once it is recorded, not a second run.
     let key = json!({ "dev.carmy/request_id": "session-gone" });
-    let slow = session_call(1, "slow_write", json!({ "millis": 1500 }), key.clone());
+    let slow = session_call(1, "slow_write", json!({ "millis": 3000 }), key.clone());
     probe
         .leave_once_it_runs(server.addr, post(&slow, &session.headers()), 1)
         .await;
-    // Within 1 s, well before the tool's 1.5 s end (which ends its token too).
+    // Within 1 s, well before the tool's 3 s end (which ends its token too).
     let cancelled = tokio::time::timeout(Duration::from_secs(1), probe.saw_cancellation.notified());
     assert!(cancelled.await.is_err(), "the call was cancelled");
     // The retry waits for the first call, then replays it.
-    let retry = session_call(2, "slow_write", json!({ "millis": 1500 }), key);
+    let retry = session_call(2, "slow_write", json!({ "millis": 3000 }), key);
     let answer = server.send(post(&retry, &session.headers())).await;
     assert_eq!(answer.header("content-type"), Some("application/json"));
     let retried = answer.json();

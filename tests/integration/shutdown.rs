@@ -7,6 +7,7 @@ use carmy_tests::Serving;
 use carmy_tests::wait::{PATIENCE, within};
 use serde_json::json;
 
+use crate::connections::accepted_so_far;
 use crate::tools::{self, Probe};
 
 async fn serve(probe: &Probe, grace: Duration) -> Serving {
@@ -70,7 +71,7 @@ async fn a_stalled_client_cannot_hold_the_shutdown() {
     let probe = Probe::default();
     let mut server = serve(&probe, Duration::from_millis(500)).await;
     let _stalled = stalled_client(server.addr).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    accepted_so_far(server.addr).await;
     let start = std::time::Instant::now();
     server.stop();
     server.ended(Duration::from_secs(5)).await;

@@ -476,15 +476,16 @@ async fn replicas_make_each_attempt_once(store_url: &str, name: &str) {
     let config = TestConfig::new(name);
     let receiver_addr = free_port();
     let receiver = Receiver::start(receiver_addr, true).await;
-    let replicas = [
-        Shop::start(&program, store_url, &config.path()).await,
-        Shop::start(&program, store_url, &config.path()).await,
-    ];
-    let (subscription, _secret) = replicas[0]
+    let first = Shop::start(&program, store_url, &config.path()).await;
+    let (subscription, _secret) = first
         .subscribe(&format!("http://{receiver_addr}/hook"))
         .await;
-    // The other replica reads the subscriptions again within a second.
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // Started once the subscription is in the store, the other replica reads it there when it
+    // first publishes an event.
+    let replicas = [
+        first,
+        Shop::start(&program, store_url, &config.path()).await,
+    ];
     let calls: Vec<_> = (0..CALLS)
         .map(|index| {
             let replica = &replicas[index % 2];
