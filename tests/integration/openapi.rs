@@ -1,7 +1,7 @@
 //! `GET /agent/openapi.json` and `POST /agent/tools/{name}` (protocol.md §11): the document per
 //! trust level, snapshotted and checked for structure; the per-tool route against
 //! `/agent/execute`, answer for answer. Set `CARMY_BLESS=1` to rewrite the snapshots after an
-//! intended change.
+//! intended change (refused where `CI` is set).
 
 use std::collections::BTreeSet;
 

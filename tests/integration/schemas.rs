@@ -1,5 +1,6 @@
 //! The example's schemas, snapshotted, and the provider-safety rules of protocol.md §2.
-//! Set `CARMY_BLESS=1` to rewrite the snapshot after an intended change.
+//! Set `CARMY_BLESS=1` to rewrite the snapshot after an intended change (refused where `CI`
+//! is set).
 
 use carmy::{JsonSchema, ToolError};
 use carmy_tests::get;
@@ -14,6 +15,23 @@ async fn shop_schemas_match_the_snapshot() {
     let catalog = get(&router, "/agent/tools").await.json();
     let pretty = serde_json::to_string_pretty(&catalog).unwrap() + "\n";
     carmy_tests::assert_snapshot(SNAPSHOT.as_ref(), &pretty);
+}
+
+/// Where `CI` is set, `CARMY_BLESS` fails the test instead of rewriting the snapshot: a
+/// snapshot that could rewrite itself would pass any change.
+#[test]
+fn blessing_a_snapshot_is_refused_in_ci() {
+    let output = carmy_tests::run_alone(
+        "schemas::shop_schemas_match_the_snapshot",
+        &[("CARMY_BLESS", "1"), ("CI", "true")],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("CARMY_BLESS would rewrite shop_catalog.json, and CI is set"),
+        "{stdout}"
+    );
 }
 
 fn walk<'a>(schema: &'a Value, found: &mut Vec<(&'a str, &'a Value)>) {

@@ -176,6 +176,18 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// Runs the test `name` of the running test binary alone, in a child process, with `set` set
+/// and `unset` removed from its environment: what `cargo test` prints of it, and how it ended.
+pub fn run_alone(name: &str, set: &[(&str, &str)], unset: &[&str]) -> std::process::Output {
+    let mut command = std::process::Command::new(std::env::current_exe().expect("the test binary"));
+    command.args(["--exact", name]);
+    for var in unset {
+        command.env_remove(var);
+    }
+    command.envs(set.iter().copied());
+    command.output().expect("the test binary runs")
+}
+
 /// A name unique to this test run, so reruns and parallel tests never share records.
 pub fn run_id() -> &'static str {
     static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
