@@ -74,11 +74,10 @@ async fn the_python_sdk_takes_tool_calls_as_tasks_that_are_the_executions() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_python_sdk_over_stdio_in_both_generations() {
-    let (Some(python), Some(shop)) = (program("CARMY_MCP_PYTHON"), program("CARMY_SHOP_BIN"))
-    else {
+    let Some([python, shop]) = carmy_tests::needs(["CARMY_MCP_PYTHON", "CARMY_SHOP_BIN"]) else {
         return;
     };
-    let shop = shop.to_string_lossy().into_owned();
+    let python = PathBuf::from(python);
     for mode in ["2026-07-28", "legacy"] {
         run(&python, &["client.py", mode, "--stdio", &shop, "mcp"]).await;
     }

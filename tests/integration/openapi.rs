@@ -755,10 +755,7 @@ async fn run_tool(program: std::path::PathBuf, args: Vec<String>, dir: &std::pat
 /// example named by `CARMY_SHOP_BIN`.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_example_as_shipped_validates_and_survives_schemathesis() {
-    let (Some(venv), Some(shop)) = (
-        carmy_tests::server_url("CARMY_OPENAPI_VENV"),
-        carmy_tests::server_url("CARMY_SHOP_BIN"),
-    ) else {
+    let Some([venv, shop]) = carmy_tests::needs(["CARMY_OPENAPI_VENV", "CARMY_SHOP_BIN"]) else {
         return;
     };
     let bin = std::path::Path::new(&venv).join("bin");

@@ -1,8 +1,8 @@
 //! Several server processes sharing one store: a request id runs once across replicas, and a
 //! replica killed mid-write leaves an uncertain record, never a second execution. Each replica
 //! is the `replica` binary of this package; its tool's side effect is a row in a PostgreSQL
-//! table, counted here. Needs `CARMY_TEST_POSTGRES_URL` (and `CARMY_TEST_REDIS_URL` for the
-//! Redis runs); skipped with a printed reason without them.
+//! table, counted here. Needs `CARMY_TEST_POSTGRES_URL` for that ledger whatever the store (and
+//! `CARMY_TEST_REDIS_URL` for the Redis runs); skipped with a printed reason without them.
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use carmy_tests::wait::{PATIENCE, eventually, within};
-use carmy_tests::{execute_at, postgres, run_id, server_url};
+use carmy_tests::{execute_at, needs, postgres, run_id, server_url};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -50,6 +50,13 @@ impl Replica {
         self.child.kill().await.expect("SIGKILL");
     }
 }
+
+/// PostgreSQL as the store under test.
+const POSTGRES: &str = "CARMY_TEST_POSTGRES_URL";
+/// Redis as the store under test.
+const REDIS: &str = "CARMY_TEST_REDIS_URL";
+/// PostgreSQL as the ledger of the tool's side effects, whatever the store.
+const EFFECTS: &str = "CARMY_TEST_POSTGRES_URL (the effects ledger)";
 
 fn call(request_id: &str, marker: &str, hold_ms: u64) -> Value {
     json!({
@@ -107,7 +114,7 @@ async fn one_execution_across_two_replicas(store_url: &str, effects_url: &str, n
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_sharing_postgres_run_a_request_once() {
-    let Some(postgres) = server_url("CARMY_TEST_POSTGRES_URL") else {
+    let Some(postgres) = server_url(POSTGRES) else {
         return;
     };
     one_execution_across_two_replicas(&postgres, &postgres, "postgres-replicas").await;
@@ -115,10 +122,7 @@ async fn two_replicas_sharing_postgres_run_a_request_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_sharing_redis_run_a_request_once() {
-    let Some(postgres) = server_url("CARMY_TEST_POSTGRES_URL") else {
-        return;
-    };
-    let Some(redis) = server_url("CARMY_TEST_REDIS_URL") else {
+    let Some([redis, postgres]) = needs([REDIS, EFFECTS]) else {
         return;
     };
     one_execution_across_two_replicas(&redis, &postgres, "redis-replicas").await;
@@ -175,7 +179,7 @@ async fn a_crash_mid_write_leaves_it_uncertain(store_url: &str, effects_url: &st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_write_leaves_it_uncertain_with_postgres() {
-    let Some(postgres) = server_url("CARMY_TEST_POSTGRES_URL") else {
+    let Some(postgres) = server_url(POSTGRES) else {
         return;
     };
     a_crash_mid_write_leaves_it_uncertain(&postgres, &postgres, "postgres-crash").await;
@@ -183,10 +187,7 @@ async fn a_replica_killed_mid_write_leaves_it_uncertain_with_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_write_leaves_it_uncertain_with_redis() {
-    let Some(postgres) = server_url("CARMY_TEST_POSTGRES_URL") else {
-        return;
-    };
-    let Some(redis) = server_url("CARMY_TEST_REDIS_URL") else {
+    let Some([redis, postgres]) = needs([REDIS, EFFECTS]) else {
         return;
     };
     a_crash_mid_write_leaves_it_uncertain(&redis, &postgres, "redis-crash").await;
@@ -203,7 +204,7 @@ fn store_file(name: &str) -> (std::path::PathBuf, String) {
 /// a call interrupted by the crash is uncertain once its lease has passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_file_store_remembers_across_a_crash_and_restart() {
-    let Some(postgres) = server_url("CARMY_TEST_POSTGRES_URL") else {
+    let Some(postgres) = server_url(EFFECTS) else {
         return;
     };
     let (path, store_url) = store_file("replica");
@@ -241,7 +242,7 @@ async fn the_file_store_remembers_across_a_crash_and_restart() {
 /// replays its answer and ran once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_file_store_keeps_every_answered_call_of_a_crash_under_load() {
-    let Some(postgres) = server_url("CARMY_TEST_POSTGRES_URL") else {
+    let Some(postgres) = server_url(EFFECTS) else {
         return;
     };
     let (path, store_url) = store_file("group");

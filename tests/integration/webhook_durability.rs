@@ -19,7 +19,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Request, StatusCode};
 use carmy_tests::wait::{PATIENCE, within};
-use carmy_tests::{Answer, TempDir, postgres, redis_database, run_id, send_to, server_url};
+use carmy_tests::{Answer, TempDir, needs, postgres, redis_database, run_id, send_to, server_url};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -318,18 +318,15 @@ async fn hang(addr: SocketAddr) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize
 
 /// Calls made while the receiver is down; `kill -9` of the server; the receiver comes up; the
 /// server restarts on the same store and delivers every event, exactly once.
-async fn events_survive_a_crash(store_url: &str, name: &str, down: Down) {
+async fn events_survive_a_crash(program: &str, store_url: &str, name: &str, down: Down) {
     const CALLS: usize = 8;
-    let Some(program) = server_url("CARMY_SHOP_BIN") else {
-        return;
-    };
     let config = TestConfig::new(name);
     let receiver_addr = free_port();
     let hanging = match down {
         Down::Refusing => None,
         Down::Hanging => Some(hang(receiver_addr).await),
     };
-    let shop = Shop::start(&program, store_url, &config.path()).await;
+    let shop = Shop::start(program, store_url, &config.path()).await;
     let (subscription, _secret) = shop
         .subscribe(&format!("http://{receiver_addr}/hook"))
         .await;
@@ -374,7 +371,7 @@ async fn events_survive_a_crash(store_url: &str, name: &str, down: Down) {
     }
 
     let receiver = Receiver::start(receiver_addr, false).await;
-    let shop = Shop::start(&program, store_url, &config.path()).await;
+    let shop = Shop::start(program, store_url, &config.path()).await;
     // A shared store keeps the dead server's claims for 5 s + 10 s from its attempts: not
     // retaken yet. The file store, open in one process at a time, need not keep a claim past
     // a crash (`FileStore::claim_deliveries`): there they may be delivered at once.
@@ -402,37 +399,40 @@ fn schema_of(name: &str) -> String {
 }
 
 async fn with_postgres(name: &str, down: Down) {
-    let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
+    let Some([url, program]) = needs(["CARMY_TEST_POSTGRES_URL", "CARMY_SHOP_BIN"]) else {
         return;
     };
     let scoped = postgres::schema(&url, &schema_of(name)).await;
-    events_survive_a_crash(&scoped, name, down).await;
+    events_survive_a_crash(&program, &scoped, name, down).await;
     postgres::drop_schema(&url, &schema_of(name)).await;
 }
 
-/// A Redis database of its own, rid of the subscriptions an interrupted earlier run left
-/// behind (they would be sent these events too): its URL.
-async fn redis_of_its_own(database: u32) -> Option<String> {
-    let url = server_url("CARMY_TEST_REDIS_URL")?;
-    let scoped = redis_database(&url, database);
+/// A Redis database of its own, at `url`, rid of the subscriptions an interrupted earlier run
+/// left behind (they would be sent these events too): its URL.
+async fn redis_of_its_own(url: &str, database: u32) -> String {
+    let scoped = redis_database(url, database);
     let store = carmy::store::connect(&scoped).await.unwrap();
     for left in store.subscriptions().await.unwrap() {
         store.delete_subscription(&left.id).await.unwrap();
     }
-    Some(scoped)
+    scoped
 }
 
 async fn with_redis(database: u32, down: Down) {
-    let Some(scoped) = redis_of_its_own(database).await else {
+    let Some([url, program]) = needs(["CARMY_TEST_REDIS_URL", "CARMY_SHOP_BIN"]) else {
         return;
     };
-    events_survive_a_crash(&scoped, &format!("redis{database}"), down).await;
+    let scoped = redis_of_its_own(&url, database).await;
+    events_survive_a_crash(&program, &scoped, &format!("redis{database}"), down).await;
 }
 
 async fn with_the_file_store(name: &str, down: Down) {
+    let Some(program) = server_url("CARMY_SHOP_BIN") else {
+        return;
+    };
     let dir = TempDir::new(&format!("webhooks-{name}-store"));
     let store_url = format!("file:{}", dir.0.join("carmy.redb").display());
-    events_survive_a_crash(&store_url, name, down).await;
+    events_survive_a_crash(&program, &store_url, name, down).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -468,24 +468,18 @@ async fn events_in_flight_at_a_crash_are_delivered_once_after_the_restart_with_t
 /// Two servers on one outbox, the calls spread over both, a receiver that answers each event's
 /// first attempt with `503` and its retry with `200`: every event arrives exactly twice (each
 /// `webhook-id` delivered once), so no attempt was made by both replicas and none was lost.
-async fn replicas_make_each_attempt_once(store_url: &str, name: &str) {
+async fn replicas_make_each_attempt_once(program: &str, store_url: &str, name: &str) {
     const CALLS: usize = 40;
-    let Some(program) = server_url("CARMY_SHOP_BIN") else {
-        return;
-    };
     let config = TestConfig::new(name);
     let receiver_addr = free_port();
     let receiver = Receiver::start(receiver_addr, true).await;
-    let first = Shop::start(&program, store_url, &config.path()).await;
+    let first = Shop::start(program, store_url, &config.path()).await;
     let (subscription, _secret) = first
         .subscribe(&format!("http://{receiver_addr}/hook"))
         .await;
     // Started once the subscription is in the store, the other replica reads it there when it
     // first publishes an event.
-    let replicas = [
-        first,
-        Shop::start(&program, store_url, &config.path()).await,
-    ];
+    let replicas = [first, Shop::start(program, store_url, &config.path()).await];
     let calls: Vec<_> = (0..CALLS)
         .map(|index| {
             let replica = &replicas[index % 2];
@@ -510,20 +504,21 @@ async fn replicas_make_each_attempt_once(store_url: &str, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_one_postgres_make_each_attempt_once() {
-    let Some(url) = server_url("CARMY_TEST_POSTGRES_URL") else {
+    let Some([url, program]) = needs(["CARMY_TEST_POSTGRES_URL", "CARMY_SHOP_BIN"]) else {
         return;
     };
     let scoped = postgres::schema(&url, &schema_of("replicas")).await;
-    replicas_make_each_attempt_once(&scoped, "pg-replicas").await;
+    replicas_make_each_attempt_once(&program, &scoped, "pg-replicas").await;
     postgres::drop_schema(&url, &schema_of("replicas")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_one_redis_make_each_attempt_once() {
-    let Some(scoped) = redis_of_its_own(13).await else {
+    let Some([url, program]) = needs(["CARMY_TEST_REDIS_URL", "CARMY_SHOP_BIN"]) else {
         return;
     };
-    replicas_make_each_attempt_once(&scoped, "redis-replicas").await;
+    let scoped = redis_of_its_own(&url, 13).await;
+    replicas_make_each_attempt_once(&program, &scoped, "redis-replicas").await;
 }
 
 /// `tests/webhooks-verify/receiver.py`, driven over its stdin and stdout.
@@ -619,11 +614,11 @@ impl Verifier {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_verifier_accepts_every_delivery_also_after_a_rotation() {
     const CALLS: usize = 3;
-    let (Some(python), Some(program), Some(url)) = (
-        server_url("CARMY_WEBHOOKS_PYTHON"),
-        server_url("CARMY_SHOP_BIN"),
-        server_url("CARMY_TEST_POSTGRES_URL"),
-    ) else {
+    let Some([python, program, url]) = needs([
+        "CARMY_WEBHOOKS_PYTHON",
+        "CARMY_SHOP_BIN",
+        "CARMY_TEST_POSTGRES_URL (the outbox)",
+    ]) else {
         return;
     };
     let scoped = postgres::schema(&url, &schema_of("verifier")).await;

@@ -25,7 +25,7 @@ pub use process::{ShippedShop, run_to_success};
 pub use proxy::Proxy;
 pub use redis_server::{Certificates, RedisServer, TempDir, redis_database};
 pub use server::{Server, Serving, connect, execute_at, send_to};
-pub use services::server_url;
+pub use services::{needs, server_url};
 pub use snapshot::assert_snapshot;
 pub use sse::{SseEvent, parse_sse};
 
