@@ -11,9 +11,7 @@ use carmy::ExecutionStatus;
 use carmy::store::{
     Cancellation, ExecutionStore, RecordedEvent, RecordedOutcome, StoreOptions, StoredResponse,
 };
-use carmy_tests::{Proxy, run_id, server_url};
-
-use crate::store_outage::split_authority;
+use carmy_tests::{Proxy, run_id, server_url, split_authority};
 
 /// Longer than any test: a reader that wakes did not wake by re-reading.
 const NEVER: Duration = Duration::from_secs(3600);

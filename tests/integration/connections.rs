@@ -7,40 +7,13 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use carmy_tests::Serving;
-use carmy_tests::wait::{PATIENCE, within};
+use carmy_tests::{DISCOVERY, Serving, accepted_so_far, closed_after, parse_answer, raw, try_raw};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
 use crate::tools::{self, Probe};
-
-/// How long until the server closes `stream` (reads return EOF or fail), up to `limit`.
-pub(crate) async fn closed_after(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
-    let start = Instant::now();
-    let mut buffer = [0_u8; 1024];
-    tokio::time::timeout(limit, async {
-        loop {
-            match stream.read(&mut buffer).await {
-                Ok(0) | Err(_) => return start.elapsed(),
-                Ok(_) => {}
-            }
-        }
-    })
-    .await
-    .ok()
-}
-
-/// Sends `request` as raw bytes on a fresh connection and reads the answer to the end:
-/// its status and its body.
-pub(crate) async fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(request).await.unwrap();
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await.unwrap();
-    parse_answer(&answer)
-}
 
 /// [`raw`], answered within 5 s, its body JSON.
 async fn answered_in_time(addr: SocketAddr, request: &[u8]) -> (u16, Value) {
@@ -49,28 +22,6 @@ async fn answered_in_time(addr: SocketAddr, request: &[u8]) -> (u16, Value) {
         .expect("answered within 5 s");
     let json = serde_json::from_str(&body).unwrap_or_else(|error| panic!("{error}: {body}"));
     (status, json)
-}
-
-fn parse_answer(answer: &[u8]) -> (u16, String) {
-    let answer = String::from_utf8_lossy(answer);
-    let status = answer
-        .get(9..12)
-        .and_then(|status| status.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
-const DISCOVERY: &[u8] = b"GET /.well-known/agent HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-
-/// Waits until the server at `addr` has taken every connection made before: it answers one
-/// made after them, and a listener takes connections in the order they came.
-pub(crate) async fn accepted_so_far(addr: SocketAddr) {
-    let (status, body) = within(PATIENCE, "the server answers", raw(addr, DISCOVERY)).await;
-    assert_eq!(status, 200, "{body}");
 }
 
 #[tokio::test]
@@ -407,14 +358,6 @@ impl Served {
             _ => Err(logs),
         }
     }
-}
-
-async fn try_raw(addr: SocketAddr, request: &[u8]) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).await?;
-    stream.write_all(request).await?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await?;
-    Ok(parse_answer(&answer))
 }
 
 #[tokio::test]

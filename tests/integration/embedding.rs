@@ -47,14 +47,14 @@ async fn carmy_server_serves_a_host_router_with_the_same_limits() {
                 let _ = stopped.await;
             }),
     );
-    let (status, body) = crate::connections::raw(
+    let (status, body) = carmy_tests::raw(
         addr,
         b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert_eq!((status, body.as_str()), (200, "ok"));
     let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let closed = crate::connections::closed_after(&mut silent, Duration::from_secs(5)).await;
+    let closed = carmy_tests::closed_after(&mut silent, Duration::from_secs(5)).await;
     assert!(closed.is_some_and(|closed| closed < 3 * Duration::from_secs(1)));
     let _stalled = tokio::net::TcpStream::connect(addr).await.unwrap();
     stop.send(()).unwrap();

@@ -16,11 +16,10 @@ use carmy::store::{
 };
 use carmy::{Context, Principal, ToolError, TrustLevel};
 use carmy_tests::wait::{PATIENCE, eventually, within};
-use carmy_tests::{Proxy, Serving, execute, get, get_as, send, server_url};
+use carmy_tests::{Proxy, Serving, execute, get, get_as, send, server_url, split_authority};
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 
-use crate::store_outage::split_authority;
 use crate::tools::{self, Probe, Text};
 
 const KNOWN_TOKEN: &str = "health-known-token-0123456789";

@@ -3,11 +3,10 @@
 
 use std::time::Duration;
 
-use carmy_tests::Serving;
 use carmy_tests::wait::{PATIENCE, within};
+use carmy_tests::{Serving, accepted_so_far};
 use serde_json::json;
 
-use crate::connections::accepted_so_far;
 use crate::tools::{self, Probe};
 
 async fn serve(probe: &Probe, grace: Duration) -> Serving {
@@ -98,6 +97,6 @@ async fn executions_drain_while_a_stalled_client_is_closed() {
     assert_eq!(answer.json()["status"], "completed");
     server.ended(Duration::from_secs(5)).await;
     assert!(start.elapsed() < Duration::from_millis(3_000));
-    let closed = crate::connections::closed_after(&mut stalled, Duration::from_millis(100)).await;
+    let closed = carmy_tests::closed_after(&mut stalled, Duration::from_millis(100)).await;
     assert!(closed.is_some(), "the stalled connection is closed");
 }

@@ -4,14 +4,12 @@
 //! nothing, connections open) is the same within its command timeout, and a claim it applies
 //! once it resumes is undone: the tool never runs for a call that was refused.
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use carmy::TrustLevel;
 use carmy::protection::{RateLimit, RedisRateLimiter};
-use carmy::store::StoreOptions;
-use carmy_tests::{Answer, Proxy, execute, run_id, server_url};
+use carmy_tests::{Answer, Proxy, execute, run_id, server_url, split_authority};
 use serde_json::json;
 
 use crate::tools::{self, Probe};
@@ -43,24 +41,6 @@ async fn refused_in_time(router: &axum::Router, call: &serde_json::Value, code: 
     assert_eq!(refused.json()["error"]["retryable"], true);
     assert!(refused.header("retry-after").is_some());
     refused
-}
-
-/// The `host:port` of a `scheme://[user@]host:port/…` URL, and the URL with another one.
-pub(crate) fn split_authority(url: &str) -> (SocketAddr, impl Fn(SocketAddr) -> String) {
-    let (scheme, rest) = url.split_once("://").expect("a URL with an authority");
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (user, host_port) = match authority.rsplit_once('@') {
-        Some((user, host_port)) => (format!("{user}@"), host_port),
-        None => (String::new(), authority),
-    };
-    let target = host_port
-        .to_socket_addrs()
-        .expect("host:port resolves")
-        .next()
-        .expect("an address");
-    let (scheme, tail) = (scheme.to_owned(), tail.to_owned());
-    (target, move |addr| format!("{scheme}://{user}{addr}{tail}"))
 }
 
 async fn an_outage_after_start_up_is_503(url: &str) {

@@ -9,6 +9,7 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
 
+mod by_hand;
 mod logs;
 pub mod postgres;
 mod process;
@@ -20,9 +21,10 @@ mod snapshot;
 mod sse;
 pub mod wait;
 
+pub use by_hand::{DISCOVERY, accepted_so_far, closed_after, parse_answer, raw, try_raw};
 pub use logs::Captured;
 pub use process::{ShippedShop, run_to_success};
-pub use proxy::Proxy;
+pub use proxy::{Proxy, split_authority};
 pub use redis_server::{Certificates, RedisServer, TempDir, redis_database};
 pub use server::{Server, Serving, connect, execute_at, send_to};
 pub use services::{needs, server_url};

@@ -1,6 +1,7 @@
-//! A TCP proxy in front of a real server, to cut it off or stall it mid-test.
+//! A TCP proxy in front of a real server, to cut it off or stall it mid-test, and the URL that
+//! reaches the server through it.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -100,4 +101,22 @@ async fn forward(
         }
     }
     let _ = to.shutdown().await;
+}
+
+/// The `host:port` of a `scheme://[user@]host:port/…` URL, and the URL with another one.
+pub fn split_authority(url: &str) -> (SocketAddr, impl Fn(SocketAddr) -> String) {
+    let (scheme, rest) = url.split_once("://").expect("a URL with an authority");
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (user, host_port) = match authority.rsplit_once('@') {
+        Some((user, host_port)) => (format!("{user}@"), host_port),
+        None => (String::new(), authority),
+    };
+    let target = host_port
+        .to_socket_addrs()
+        .expect("host:port resolves")
+        .next()
+        .expect("an address");
+    let (scheme, tail) = (scheme.to_owned(), tail.to_owned());
+    (target, move |addr| format!("{scheme}://{user}{addr}{tail}"))
 }
