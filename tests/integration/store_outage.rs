@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use carmy::TrustLevel;
 use carmy::protection::{RateLimit, RedisRateLimiter};
+use carmy::store::StoreOptions;
 use carmy_tests::{Answer, Proxy, execute, run_id, server_url, split_authority};
 use serde_json::json;
 

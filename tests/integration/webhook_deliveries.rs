@@ -9,9 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use carmy::store::Engine;
 use carmy::webhook::SigningSecret;
 use carmy::webhook::verify;
-use carmy::store::Engine;
 use carmy_tests::{TempDir, bearer, execute_request, send, server_url};
 use serde_json::{Value, json};
 

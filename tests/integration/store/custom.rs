@@ -14,12 +14,11 @@ use carmy::auth::hash_token;
 use carmy::store::{
     Fingerprint, Finish, IdempotencyKey, KeyStore, Reservation, StoreError, StoredResponse,
 };
-use carmy_tests::{Answer, Server, execute_request, send};
+use carmy_tests::{Answer, Server, execute_request, request, send};
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::executions::request;
 use crate::tools::{self, Probe};
 
 /// A key store kept in a map: records never expire, and a duplicate of a running call polls.
