@@ -12,7 +12,7 @@ use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::context::TrustLevel;
 use crate::error::Error;
-use crate::health::{Dependencies, Health};
+use crate::health::{Health, Probe};
 use crate::http::{self, HttpSettings};
 #[cfg(feature = "mcp")]
 use crate::mcp::{self, McpHandler, McpSettings};
@@ -576,15 +576,15 @@ impl App {
             metrics_trust: self.http.metrics_trust,
         };
         let current: Current = Arc::new(ArcSwap::from_pointee(base.build(self.config.as_ref())?));
-        let rate_limited = {
-            let current = Arc::clone(&current);
-            move || current.load().protection.limits.iter().any(Option::is_some)
-        };
         #[cfg(feature = "events")]
         let events = {
+            let in_force = {
+                let current = Arc::clone(&current);
+                Box::new(move || current.load().events.clone())
+            };
             let events = crate::events::Events::new(
                 Arc::clone(&stores.events),
-                Arc::clone(&current),
+                in_force,
                 self.health.clone(),
             );
             runtime.publish_to(Arc::clone(&events));
@@ -605,14 +605,8 @@ impl App {
             }
             events
         };
-        self.health.watch(
-            Dependencies {
-                store: stores.keys,
-                limiter,
-                rate_limited: Box::new(rate_limited),
-            },
-            self.health_interval,
-        );
+        self.health
+            .watch(probes(&stores, limiter, &current), self.health_interval);
         let reloader = Reloader::new(
             self.config_source,
             self.config,
@@ -668,4 +662,50 @@ fn log_tools(catalog: &Catalog) {
     for tool in catalog.tools() {
         tracing::debug!(tool = tool.descriptor.name(), "serving tool");
     }
+}
+
+/// The health checks of what the app depends on outside the process: the key store when it
+/// answers pings (a shared one), and the host's rate limiter while a limit is set.
+fn probes(
+    stores: &crate::store::Stores,
+    limiter: Option<Arc<dyn RateLimiter>>,
+    current: &Current,
+) -> Vec<Probe> {
+    use futures_util::FutureExt;
+    let mut probes = Vec::new();
+    let keys = Arc::clone(&stores.keys);
+    if keys.ping().is_some() {
+        probes.push(Probe {
+            name: "idempotency",
+            ping: Box::new(move || {
+                let keys = Arc::clone(&keys);
+                async move {
+                    match keys.ping() {
+                        Some(ping) => ping.await.map_err(|error| error.to_string()),
+                        None => Ok(()),
+                    }
+                }
+                .boxed()
+            }),
+            in_use: Box::new(|| true),
+        });
+    }
+    if let Some(limiter) = limiter.filter(|limiter| limiter.ping().is_some()) {
+        let current = Arc::clone(current);
+        probes.push(Probe {
+            name: "rate_limit",
+            ping: Box::new(move || {
+                let limiter = Arc::clone(&limiter);
+                async move {
+                    match limiter.ping() {
+                        Some(ping) => ping.await.map_err(|error| error.to_string()),
+                        None => Ok(()),
+                    }
+                }
+                .boxed()
+            }),
+            in_use: Box::new(move || current.load().protection.limits.iter().any(Option::is_some)),
+        });
+    }
+    probes
 }

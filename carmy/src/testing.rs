@@ -70,7 +70,8 @@ impl Client {
     /// Waits for `principal`'s execution `execution_id` to end and returns its answer, as
     /// `GET /agent/executions/{id}` reads it; `None` when it is not theirs (or does not exist).
     pub async fn wait(&self, principal: &Principal, execution_id: &str) -> Option<Response> {
-        let executions = self.runtime.executions();
+        let executions =
+            crate::executions::Executions::new(Arc::clone(self.runtime.execution_store()));
         loop {
             let record = executions.lookup(principal, execution_id).await.ok()??;
             if let Some(ended) = record.outcome {
@@ -88,7 +89,8 @@ impl Client {
     /// the cancellation took effect (it ended cancelled, or still runs a few seconds later),
     /// `false` when it has ended otherwise or is not theirs.
     pub async fn cancel(&self, principal: &Principal, execution_id: &str) -> bool {
-        let executions = self.runtime.executions();
+        let executions =
+            crate::executions::Executions::new(Arc::clone(self.runtime.execution_store()));
         let cancelled = executions
             .cancel_settled(principal, execution_id, CANCEL_SETTLES_WITHIN)
             .await;

@@ -24,11 +24,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "reload",
         ],
     ),
-    ("tool API", &["tool", "schema", "context", "auth", "answer"]),
-    (
-        "backends",
-        &["store", "protection", "telemetry", "webhook"],
-    ),
+    ("tool API", &["tool", "schema", "context", "auth"]),
+    ("backends", &["store", "protection", "telemetry", "webhook"]),
     ("model", &["config", "catalog", "documents"]),
     ("engine", &["runtime", "executions", "events"]),
     ("snapshot", &["settings"]),
@@ -153,7 +150,8 @@ fn module_path(root: &Path, file: &Path) -> Vec<String> {
 fn named_modules(code: &str, path: &[String]) -> BTreeSet<String> {
     let mut named = BTreeSet::new();
     let bytes = code.as_bytes();
-    let word_start = |at: usize| at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_');
+    let word_start =
+        |at: usize| at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_');
     let identifier = |from: &str| -> String {
         from.chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
@@ -311,7 +309,9 @@ fn modules_import_only_downward_and_never_in_a_cycle() {
                 upward.push(format!("{module} -> {imported}"));
             }
             if TRANSPORTS.contains(&module.as_str()) && TRANSPORTS.contains(&imported.as_str()) {
-                upward.push(format!("{module} -> {imported} (one transport into another)"));
+                upward.push(format!(
+                    "{module} -> {imported} (one transport into another)"
+                ));
             }
         }
     }

@@ -17,6 +17,7 @@ mod executions;
 mod fuzz;
 mod health;
 mod idempotency;
+mod layers;
 mod mcp;
 mod mcp_calls;
 mod mcp_clients;

@@ -57,7 +57,7 @@ pub(crate) fn router(
     let executions = execution_routes::router(
         gate,
         execution_routes::ExecutionsState {
-            executions: runtime.executions(),
+            executions: crate::executions::Executions::new(Arc::clone(runtime.execution_store())),
             keep_alive: settings.keep_alive,
         },
     );

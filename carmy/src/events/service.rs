@@ -11,7 +11,6 @@ use tokio::sync::Notify;
 
 use super::settings::{DECLARED_PREFIX, EventSettings, EventType};
 use crate::health::Health;
-use crate::settings::Current;
 use crate::store::{DeliveryAttempt, EventStore, OutboxEvent, StoredSubscription};
 use crate::tool_error::{ToolError, clip};
 use crate::webhook::SigningSecret;
@@ -28,11 +27,15 @@ pub(crate) const LISTED_ATTEMPTS: usize = 100;
 /// How long the `events` health check warns after the outbox last dropped an event.
 const DROPS_SHOWN_FOR: Duration = Duration::from_secs(5 * 60);
 
+/// The `[events]` settings in force, `None` while events are off: the configuration snapshot
+/// reads them on every use, so a reload applies at once.
+pub(crate) type InForce = Box<dyn Fn() -> Option<Arc<EventSettings>> + Send + Sync>;
+
 /// Publishes events and manages subscriptions; shared by the runtime, the worker and the
 /// HTTP adapter.
 pub(crate) struct Events {
     pub(crate) store: Arc<dyn EventStore>,
-    pub(crate) current: Current,
+    in_force: InForce,
     /// Wakes the worker when an event is written here.
     pub(crate) written: Arc<Notify>,
     cached: Mutex<Option<(Instant, Arc<[StoredSubscription]>)>>,
@@ -133,10 +136,10 @@ pub(crate) struct SubscriptionChange {
 }
 
 impl Events {
-    pub(crate) fn new(store: Arc<dyn EventStore>, current: Current, health: Health) -> Arc<Self> {
+    pub(crate) fn new(store: Arc<dyn EventStore>, in_force: InForce, health: Health) -> Arc<Self> {
         Arc::new(Events {
             store,
-            current,
+            in_force,
             written: Arc::new(Notify::new()),
             cached: Mutex::new(None),
             pending: std::sync::atomic::AtomicUsize::new(0),
@@ -148,7 +151,7 @@ impl Events {
 
     /// The `[events]` settings in force; `None` while events are off.
     pub(crate) fn settings(&self) -> Option<Arc<EventSettings>> {
-        self.current.load().events.clone()
+        (self.in_force)()
     }
 
     /// Writes the event for every enabled subscription that wants it, durably once this

@@ -1,15 +1,15 @@
-//! The built-in checks: the shared idempotency store and the rate-limit backend, pinged in the
-//! background every interval and cached, so a probe never touches a dependency.
+//! The background checks: each a named probe of something the service depends on (the app
+//! hands them in: the shared store, the rate-limit backend), run every interval and cached, so
+//! a probe request never touches a dependency.
 
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{CheckResult, CheckStatus, Health, Inner};
-use crate::protection::RateLimiter;
-use crate::store::KeyStore;
 
 /// How many failures in a row make a check fail, and readiness with it; fewer only warn, so one
 /// lost packet does not take a replica out of service.
@@ -17,90 +17,45 @@ const FAILURES_TO_FAIL: u32 = 3;
 /// How long one ping may take before it counts as a failure.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What the service depends on, checked when it lives outside the process.
-pub(crate) struct Dependencies {
-    pub(crate) store: Arc<dyn KeyStore>,
-    /// The host's limiter; carmy's own, in process, has nothing to check.
-    pub(crate) limiter: Option<Arc<dyn RateLimiter>>,
-    /// Whether the configuration in force sets a rate limit: without one the limiter is never
-    /// asked, so it is not checked either (a reload may change it).
-    pub(crate) rate_limited: Box<dyn Fn() -> bool + Send + Sync>,
-}
-
-#[derive(Clone, Copy)]
-enum Dependency {
-    Store,
-    RateLimiter,
-}
-
-impl Dependency {
+/// A check of one dependency outside the process.
+pub(crate) struct Probe {
     /// The component's name in `checks` and in the readiness lines.
-    const fn name(self) -> &'static str {
-        match self {
-            Dependency::Store => "idempotency",
-            Dependency::RateLimiter => "rate_limit",
-        }
-    }
-}
-
-impl Dependencies {
-    /// Whether `dependency` is in use now.
-    fn in_use(&self, dependency: Dependency) -> bool {
-        match dependency {
-            Dependency::Store => true,
-            Dependency::RateLimiter => (self.rate_limited)(),
-        }
-    }
-
-    /// Pings `dependency`; `None` when it has nothing outside the process to check.
-    fn ping(
-        &self,
-        dependency: Dependency,
-    ) -> Option<futures_util::future::BoxFuture<'_, Result<(), String>>> {
-        use futures_util::FutureExt;
-        match dependency {
-            Dependency::Store => Some(
-                self.store
-                    .ping()?
-                    .map(|result| result.map_err(|error| error.to_string()))
-                    .boxed(),
-            ),
-            Dependency::RateLimiter => Some(
-                self.limiter
-                    .as_ref()?
-                    .ping()?
-                    .map(|result| result.map_err(|error| error.to_string()))
-                    .boxed(),
-            ),
-        }
-    }
+    pub(crate) name: &'static str,
+    /// Asks the dependency whether it answers; `Err` says what failed.
+    pub(crate) ping: Box<dyn Fn() -> BoxFuture<'static, Result<(), String>> + Send + Sync>,
+    /// Whether the dependency is in use now: one that is not (a rate limiter while the
+    /// configuration in force sets no limit) is not checked (a reload may change it).
+    pub(crate) in_use: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
 /// One checked component and its recent history.
 struct Component {
-    dependency: Dependency,
+    probe: Probe,
     status: CheckStatus,
     failures: u32,
 }
 
 impl Component {
-    fn new(dependency: Dependency) -> Self {
+    fn new(probe: Probe) -> Self {
         Component {
-            dependency,
+            probe,
             status: CheckStatus::Pass,
             failures: 0,
         }
     }
 
-    async fn check(&mut self, dependencies: &Dependencies) -> (&'static str, CheckResult) {
-        let name = self.dependency.name();
+    /// Forgets the component's history: no longer used, then used again, it starts afresh.
+    fn restart(&mut self) {
+        self.status = CheckStatus::Pass;
+        self.failures = 0;
+    }
+
+    async fn check(&mut self) -> (&'static str, CheckResult) {
+        let name = self.probe.name;
         let started = Instant::now();
-        let outcome = match dependencies.ping(self.dependency) {
-            Some(ping) => tokio::time::timeout(PING_TIMEOUT, ping)
-                .await
-                .unwrap_or_else(|_| Err(format!("no answer within {PING_TIMEOUT:?}"))),
-            None => Ok(()),
-        };
+        let outcome = tokio::time::timeout(PING_TIMEOUT, (self.probe.ping)())
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {PING_TIMEOUT:?}")));
         let observed = Some(started.elapsed());
         let (status, output) = match outcome {
             Ok(()) => {
@@ -135,18 +90,14 @@ impl Component {
     }
 }
 
-/// Starts the checker, or nothing when no dependency lives outside the process. It stops when
-/// the health it reports to is gone.
+/// Starts the checker, or nothing without a probe. It stops when the health it reports to is
+/// gone.
 pub(super) fn spawn(
     health: Weak<Inner>,
-    dependencies: Dependencies,
+    probes: Vec<Probe>,
     interval: Duration,
 ) -> Option<JoinHandle<()>> {
-    let mut components: Vec<Component> = [Dependency::Store, Dependency::RateLimiter]
-        .into_iter()
-        .filter(|&dependency| dependencies.ping(dependency).is_some())
-        .map(Component::new)
-        .collect();
+    let mut components: Vec<Component> = probes.into_iter().map(Component::new).collect();
     if components.is_empty() {
         return None;
     }
@@ -161,12 +112,9 @@ pub(super) fn spawn(
             ticks.tick().await;
             let (used, unused): (Vec<&mut Component>, Vec<&mut Component>) = components
                 .iter_mut()
-                .partition(|component| dependencies.in_use(component.dependency));
-            let results = futures_util::future::join_all(
-                used.into_iter()
-                    .map(|component| component.check(&dependencies)),
-            )
-            .await;
+                .partition(|component| (component.probe.in_use)());
+            let results =
+                futures_util::future::join_all(used.into_iter().map(Component::check)).await;
             let Some(inner) = health.upgrade() else {
                 return;
             };
@@ -174,8 +122,8 @@ pub(super) fn spawn(
             // A dependency no longer used is no longer a component; used again, it starts
             // afresh.
             for component in unused {
-                *component = Component::new(component.dependency);
-                health.forget_check(component.dependency.name());
+                component.restart();
+                health.forget_check(component.probe.name);
             }
             health.record_checks(results);
         }

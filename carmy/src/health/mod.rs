@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::broadcast;
 
-pub(crate) use checks::Dependencies;
+pub(crate) use checks::Probe;
 
 /// How many `health.changed` events a slow subscriber may fall behind before it misses some.
 const EVENT_BUFFER: usize = 64;
@@ -367,10 +367,10 @@ impl Health {
         }
     }
 
-    /// Starts checking `dependencies` every `interval` in the background, until the last
+    /// Starts checking with `probes` every `interval` in the background, until the last
     /// handle is dropped. Nothing to check starts nothing.
-    pub(crate) fn watch(&self, dependencies: Dependencies, interval: Duration) {
-        if let Some(checker) = checks::spawn(Arc::downgrade(&self.inner), dependencies, interval) {
+    pub(crate) fn watch(&self, probes: Vec<Probe>, interval: Duration) {
+        if let Some(checker) = checks::spawn(Arc::downgrade(&self.inner), probes, interval) {
             *lock(&self.inner.checker) = Some(checker);
         }
     }

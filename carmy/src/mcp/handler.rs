@@ -75,6 +75,11 @@ impl std::fmt::Debug for McpHandler {
 }
 
 impl McpHandler {
+    /// The executions of this app, read back for their callers.
+    fn executions(&self) -> crate::executions::Executions {
+        crate::executions::Executions::new(Arc::clone(self.shared.runtime.execution_store()))
+    }
+
     pub(crate) fn new(
         name: &str,
         runtime: Arc<Runtime>,
@@ -222,13 +227,7 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let (principal, _) = self.caller(&context);
-        match self
-            .shared
-            .runtime
-            .executions()
-            .cancel(&principal, &request.task_id)
-            .await
-        {
+        match self.executions().cancel(&principal, &request.task_id).await {
             Ok(Cancellation::Requested | Cancellation::Ended) => Ok(()),
             Ok(Cancellation::NotFound) => Err(no_such_task()),
             Err(error) => Err(ErrorData::internal_error(error.message().to_owned(), None)),
@@ -313,8 +312,6 @@ impl McpHandler {
     ) -> Result<DetailedTask, ErrorData> {
         let (principal, settings) = self.caller(context);
         let record = self
-            .shared
-            .runtime
             .executions()
             .lookup(&principal, task_id)
             .await

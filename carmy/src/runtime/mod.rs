@@ -337,9 +337,9 @@ impl Runtime {
         self.settings.record_ttl
     }
 
-    /// The executions kept for their callers (`protocol.md` §9).
-    pub(crate) fn executions(&self) -> crate::executions::Executions {
-        crate::executions::Executions::new(Arc::clone(&self.stores.executions))
+    /// Where executions are kept for their callers (`protocol.md` §9).
+    pub(crate) fn execution_store(&self) -> &Arc<dyn ExecutionStore> {
+        &self.stores.executions
     }
 
     /// Cancels every execution still running.

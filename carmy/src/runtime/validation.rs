@@ -103,6 +103,17 @@ fn branch_value(branch: &Value) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// A release build compiles on the first call: a schema that cannot compile fails each
+    /// call with `INTERNAL`, never a panic or a call without validation.
+    #[test]
+    fn a_validator_that_cannot_compile_fails_the_call() {
+        let tool = crate::catalog::tests::uncompilable_tool();
+        for _ in 0..2 {
+            let refused = check(&tool, &json!({"code": "x"})).expect("no call runs unvalidated");
+            assert_eq!(refused.code(), "INTERNAL");
+        }
+    }
+
     #[test]
     fn branches_name_their_value() {
         assert_eq!(
