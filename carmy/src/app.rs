@@ -13,12 +13,12 @@ use crate::config::Config;
 use crate::context::TrustLevel;
 use crate::error::Error;
 use crate::health::{Health, Probe};
-use crate::http::{self, HttpSettings};
+use crate::http::{self, HttpOptions};
 #[cfg(feature = "mcp")]
-use crate::mcp::{self, McpHandler, McpSettings};
+use crate::mcp::{self, McpHandler, McpOptions};
 use crate::protection::{Limiter, Protection, RateLimit, RateLimiter};
 use crate::reload::Reloads;
-use crate::runtime::{Runtime, Settings};
+use crate::runtime::{Runtime, RuntimeOptions};
 use crate::serve::{self, Server};
 use crate::settings::Reloader;
 use crate::settings::{Base, Current};
@@ -46,11 +46,11 @@ pub struct App {
     tools: Vec<&'static ToolDescriptor>,
     states: StateMap,
     stores: StoreChoice,
-    settings: Settings,
-    http: HttpSettings,
+    runtime: RuntimeOptions,
+    http: HttpOptions,
     protection: Protection,
     #[cfg(feature = "mcp")]
-    mcp: McpSettings,
+    mcp: McpOptions,
     server: Server,
     health: Health,
     health_interval: Duration,
@@ -77,7 +77,7 @@ impl std::fmt::Debug for App {
         f.debug_struct("App")
             .field("name", &self.name)
             .field("tools", &self.tools.len())
-            .field("settings", &self.settings)
+            .field("runtime", &self.runtime)
             .field("authenticator", &self.protection.authentication.is_some())
             .finish_non_exhaustive()
     }
@@ -97,11 +97,11 @@ impl App {
             tools: Vec::new(),
             states: StateMap::default(),
             stores: StoreChoice::default(),
-            settings: Settings::default(),
-            http: HttpSettings::default(),
+            runtime: RuntimeOptions::default(),
+            http: HttpOptions::default(),
             protection: Protection::default(),
             #[cfg(feature = "mcp")]
-            mcp: McpSettings::default(),
+            mcp: McpOptions::default(),
             server: Server::new(),
             health: Health::new(),
             health_interval: Duration::from_secs(10),
@@ -138,14 +138,14 @@ impl App {
 
     /// The deadline of tools that declare no `timeout` (default 30 s).
     pub fn default_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.default_timeout = timeout;
+        self.runtime.default_timeout = timeout;
         self
     }
 
     /// How many executions may run at once before calls are refused with a retryable
     /// `503 OVERLOADED` (default 1,024).
     pub fn max_in_flight(mut self, executions: usize) -> Self {
-        self.settings.max_in_flight = executions;
+        self.runtime.max_in_flight = executions;
         self
     }
 
@@ -154,7 +154,7 @@ impl App {
     /// callers are still served (default: half of [`App::max_in_flight`], at least one).
     /// `max_in_flight` or more lets one caller take every slot.
     pub fn max_in_flight_per_caller(mut self, executions: usize) -> Self {
-        self.settings.max_in_flight_per_caller = Some(executions);
+        self.runtime.max_in_flight_per_caller = Some(executions);
         self
     }
 
@@ -191,7 +191,7 @@ impl App {
 
     /// How long idempotency records are kept (default 24 h).
     pub fn idempotency_ttl(mut self, ttl: Duration) -> Self {
-        self.settings.record_ttl = ttl;
+        self.runtime.record_ttl = ttl;
         self
     }
 
@@ -280,7 +280,7 @@ impl App {
     /// Serves `GET /metrics` (Prometheus text, OpenMetrics when asked) and counts what it
     /// reports (default off).
     pub fn metrics(mut self, enabled: bool) -> Self {
-        self.settings.metrics = enabled;
+        self.runtime.metrics = enabled;
         self
     }
 
@@ -491,7 +491,7 @@ impl App {
         if let Some(config) = &self.config {
             // `[metrics] trust` is the snapshot's (`Base::build`): it reloads.
             if let Some(enabled) = config.metrics.enabled {
-                self.settings.metrics = enabled;
+                self.runtime.metrics = enabled;
             }
         }
         crate::config::check_body_timeout(self.http.body_timeout)?;
@@ -560,7 +560,7 @@ impl App {
             &catalog,
             self.states,
             stores.clone(),
-            self.settings.clone(),
+            self.runtime.clone(),
             self.health.clone(),
             &self.reloads,
         );
@@ -572,7 +572,7 @@ impl App {
             mcp: cfg!(feature = "mcp"),
             catalog,
             protection,
-            runtime: self.settings,
+            runtime: self.runtime,
             metrics_trust: self.http.metrics_trust,
         };
         let current: Current = Arc::new(ArcSwap::from_pointee(base.build(self.config.as_ref())?));

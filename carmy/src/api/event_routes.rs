@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::execute::{parse_body, read_body, require_json};
 use crate::events::{
-    EventSettings, Events, NewSubscription, Page, SubscriptionChange, SubscriptionView,
+    EventPolicy, Events, NewSubscription, Page, SubscriptionChange, SubscriptionView,
 };
 use crate::http::GateLayer;
 use crate::tool_error::ToolError;
@@ -68,7 +68,7 @@ async fn wrong_method(State(events): State<Arc<Events>>, request: Request) -> Re
 
 /// The `[events]` settings when the caller may manage subscriptions; the unknown route's 404
 /// otherwise.
-fn allowed(events: &Events, request: &Request) -> Result<Arc<EventSettings>, ToolError> {
+fn allowed(events: &Events, request: &Request) -> Result<Arc<EventPolicy>, ToolError> {
     match events.settings() {
         Some(settings) if super::may_manage(request, MANAGE_EVENTS) => Ok(settings),
         _ => Err(crate::http::not_a_route()),

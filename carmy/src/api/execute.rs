@@ -28,7 +28,7 @@ use crate::http::Admitted;
 use crate::http::error::status_for;
 use crate::http::requester::requester;
 use crate::http::sse;
-use crate::http::{Known, Present};
+use crate::http::{Header, Present};
 use crate::principal::Principal;
 use crate::runtime::{self, Accepted, Answer, Call, Delivery, Outcome, Runtime, response};
 use crate::settings::Current;
@@ -129,8 +129,8 @@ impl Wanted {
     /// `present`: the headers carmy reads that the request carries.
     pub(super) fn of(headers: &HeaderMap, present: Present) -> Self {
         Wanted {
-            event_stream: present.has(Known::Accept) && wants_event_stream(headers),
-            prefer_async: present.has(Known::Prefer) && prefers_async(headers),
+            event_stream: present.has(Header::Accept) && wants_event_stream(headers),
+            prefer_async: present.has(Header::Prefer) && prefers_async(headers),
         }
     }
 }
@@ -303,7 +303,7 @@ pub(super) fn idempotency_key(
     headers: &HeaderMap,
     present: Present,
 ) -> Result<Option<String>, ToolError> {
-    if !present.has(Known::IdempotencyKey) {
+    if !present.has(Header::IdempotencyKey) {
         return Ok(None);
     }
     let mut key: Option<&str> = None;

@@ -23,7 +23,7 @@ use crate::http::GateLayer;
 use crate::http::sse;
 use crate::store::{ExecutionQuery, ExecutionState};
 use crate::tool_error::{ToolError, clip, retry_after_secs};
-use crate::wire::executions::{DEFAULT_PAGE, MAX_PAGE};
+use crate::wire::execution_list::{DEFAULT_PAGE, MAX_PAGE};
 use crate::wire::paths;
 use crate::wire::{JSON, LAST_EVENT_ID, NO_STORE, codes};
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use axum::Router;
 
-use crate::http::{Admitted, GateLayer, HttpSettings, route_not_found};
+use crate::http::{Admitted, GateLayer, HttpOptions, route_not_found};
 use crate::principal::TrustLevel;
 use crate::runtime::Runtime;
 use crate::settings::Current;
@@ -33,7 +33,7 @@ pub(crate) fn router(
     runtime: Arc<Runtime>,
     reloader: Arc<Reloader>,
     current: &Current,
-    settings: &HttpSettings,
+    settings: &HttpOptions,
     #[cfg(feature = "events")] events: Arc<crate::events::Events>,
 ) -> Router {
     let health = health_routes::router(gate, runtime.health().clone());

@@ -3,10 +3,10 @@
 //! answered; a worker delivers them, signed, through the webhook client. No HTTP here:
 //! `api::event_routes` is the adapter.
 
+mod policy;
 mod service;
-mod settings;
 mod worker;
 
+pub(crate) use policy::{EventPolicy, EventType};
 pub(crate) use service::{Events, NewSubscription, Page, SubscriptionChange, SubscriptionView};
-pub(crate) use settings::{EventSettings, EventType};
 pub(crate) use worker::{forward_changes, run as deliver_outbox};

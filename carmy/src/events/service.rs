@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use super::settings::{DECLARED_PREFIX, EventSettings, EventType};
+use super::policy::{DECLARED_PREFIX, EventPolicy, EventType};
 use crate::health::Health;
 use crate::store::{DeliveryAttempt, EventStore, OutboxEvent, StoredSubscription};
 use crate::tool_error::{ToolError, clip};
@@ -29,7 +29,7 @@ const DROPS_SHOWN_FOR: Duration = Duration::from_secs(5 * 60);
 
 /// The `[events]` settings in force, `None` while events are off: the configuration snapshot
 /// reads them on every use, so a reload applies at once.
-pub(crate) type InForce = Box<dyn Fn() -> Option<Arc<EventSettings>> + Send + Sync>;
+pub(crate) type InForce = Box<dyn Fn() -> Option<Arc<EventPolicy>> + Send + Sync>;
 
 /// Publishes events and manages subscriptions; shared by the runtime, the worker and the
 /// HTTP adapter.
@@ -150,7 +150,7 @@ impl Events {
     }
 
     /// The `[events]` settings in force; `None` while events are off.
-    pub(crate) fn settings(&self) -> Option<Arc<EventSettings>> {
+    pub(crate) fn settings(&self) -> Option<Arc<EventPolicy>> {
         (self.in_force)()
     }
 
@@ -279,7 +279,7 @@ impl Events {
     /// here, `409 SUBSCRIPTION_LIMIT_REACHED`.
     pub(crate) async fn create(
         &self,
-        settings: &EventSettings,
+        settings: &EventPolicy,
         request: NewSubscription,
     ) -> Result<(SubscriptionView, SigningSecret), ToolError> {
         check_length("url", &request.url, MAX_URL_BYTES)?;
@@ -331,7 +331,7 @@ impl Events {
     /// one. A page goes on after its cursor's subscription even once it is gone.
     pub(crate) async fn list(
         &self,
-        settings: &EventSettings,
+        settings: &EventPolicy,
         page: &Page,
     ) -> Result<(Vec<SubscriptionView>, Option<Arc<str>>), ToolError> {
         let mut stored = self
@@ -367,7 +367,7 @@ impl Events {
 
     pub(crate) async fn get(
         &self,
-        settings: &EventSettings,
+        settings: &EventPolicy,
         id: &str,
     ) -> Result<SubscriptionView, ToolError> {
         if let Some(declared) = settings.declared(id) {
@@ -376,7 +376,7 @@ impl Events {
         Ok(SubscriptionView::from(&self.stored(id).await?))
     }
 
-    pub(crate) async fn delete(&self, settings: &EventSettings, id: &str) -> Result<(), ToolError> {
+    pub(crate) async fn delete(&self, settings: &EventPolicy, id: &str) -> Result<(), ToolError> {
         refuse_declared(settings, id)?;
         let existed = self
             .store
@@ -390,7 +390,7 @@ impl Events {
     /// Re-enables, or changes the event types or the description of, a subscription.
     pub(crate) async fn update(
         &self,
-        settings: &EventSettings,
+        settings: &EventPolicy,
         id: &str,
         change: SubscriptionChange,
     ) -> Result<SubscriptionView, ToolError> {
@@ -422,7 +422,7 @@ impl Events {
     /// A new secret, returned once; the old one keeps signing alongside for 24 hours.
     pub(crate) async fn rotate_secret(
         &self,
-        settings: &EventSettings,
+        settings: &EventPolicy,
         id: &str,
     ) -> Result<(SubscriptionView, SigningSecret), ToolError> {
         refuse_declared(settings, id)?;
@@ -437,7 +437,7 @@ impl Events {
     /// The latest attempts to deliver to a subscription, newest first.
     pub(crate) async fn deliveries(
         &self,
-        settings: &EventSettings,
+        settings: &EventPolicy,
         id: &str,
     ) -> Result<Vec<DeliveryAttempt>, ToolError> {
         if settings.declared(id).is_none() {
@@ -467,7 +467,7 @@ impl Events {
     }
 }
 
-fn declared_view(declared: &super::settings::DeclaredSubscription) -> SubscriptionView {
+fn declared_view(declared: &super::policy::DeclaredSubscription) -> SubscriptionView {
     SubscriptionView {
         id: Arc::clone(&declared.id),
         url: declared.url.clone(),
@@ -530,7 +530,7 @@ fn limit_reached(limit: usize) -> ToolError {
         .details(json!({ "reason": reason, "limit": limit }))
 }
 
-fn refuse_declared(settings: &EventSettings, id: &str) -> Result<(), ToolError> {
+fn refuse_declared(settings: &EventPolicy, id: &str) -> Result<(), ToolError> {
     if settings.declared(id).is_some() {
         return Err(ToolError::conflict(
             codes::SUBSCRIPTION_DECLARED,

@@ -12,8 +12,8 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::policy::{EventPolicy, EventType};
 use super::service::{Events, now_millis};
-use super::settings::{EventSettings, EventType};
 use crate::store::{AfterAttempt, ClaimedDelivery, DeliveryAttempt, StoredSubscription};
 use crate::webhook::{AttemptOutcome, SigningSecret};
 
@@ -205,7 +205,7 @@ struct Target {
 }
 
 /// One attempt of one claimed delivery, and what follows it.
-async fn deliver(events: &Events, settings: &EventSettings, delivery: ClaimedDelivery) {
+async fn deliver(events: &Events, settings: &EventPolicy, delivery: ClaimedDelivery) {
     let target = match target(events, settings, &delivery.subscription_id).await {
         Ok(Some(target)) => target,
         Ok(None) => {
@@ -292,7 +292,7 @@ async fn deliver(events: &Events, settings: &EventSettings, delivery: ClaimedDel
 
 /// The subscription a delivery goes to: the file's, else the store's if it is enabled.
 /// `Ok(None)` when it is gone or disabled; `Err` when the store cannot say.
-async fn target(events: &Events, settings: &EventSettings, id: &str) -> Result<Option<Target>, ()> {
+async fn target(events: &Events, settings: &EventPolicy, id: &str) -> Result<Option<Target>, ()> {
     if let Some(declared) = settings.declared(id) {
         return Ok(Some(Target {
             url: declared.url.clone(),

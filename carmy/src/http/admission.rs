@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tower_http::cors::CorsLayer;
 
 use super::admitted::Admitted;
-use super::{Known, Present, is_console, is_probe, origin};
+use super::{Header, Present, is_console, is_probe, origin};
 use crate::auth;
 use crate::principal::Principal;
 use crate::protection::{Decision, Protection};
@@ -66,15 +66,15 @@ async fn admit(
     present: Present,
     arrived: Instant,
 ) -> Result<Principal, ToolError> {
-    if present.has(Known::CarmyVersion) {
+    if present.has(Header::CarmyVersion) {
         once(&parts.headers, &CARMY_VERSION, "Carmy-Version")?;
         check_version(&parts.headers)?;
     }
-    if present.has(Known::Origin) {
+    if present.has(Header::Origin) {
         once(&parts.headers, &ORIGIN, "Origin")?;
         check_origin(protection, admission, parts)?;
     }
-    let authorized = present.has(Known::Authorization);
+    let authorized = present.has(Header::Authorization);
     if authorized {
         once(&parts.headers, &AUTHORIZATION, "Authorization")?;
     }

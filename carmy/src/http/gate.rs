@@ -28,7 +28,7 @@ use tower_http::cors::CorsLayer;
 use tracing::Instrument;
 
 use super::admission::{self, Admission};
-use super::{Known, Present};
+use super::{Header, Present};
 use crate::settings::Current;
 use crate::telemetry::{self, Metrics, TraceParent};
 
@@ -222,7 +222,7 @@ where
         // carmy's JSON `405` like any other unrouted method.
         let present = Present::of(request.headers());
         let cross_origin = !self.cors_applied
-            && present.has(Known::Origin)
+            && present.has(Header::Origin)
             && !self
                 .shared
                 .current
@@ -274,7 +274,7 @@ impl Shared {
         let matched = parts.extensions.get::<MatchedPath>().cloned();
         // Several `traceparent`s are malformed, as the specification says: a new trace.
         let parent = present
-            .has(Known::Traceparent)
+            .has(Header::Traceparent)
             .then(|| {
                 let mut traceparents = parts.headers.get_all(&TRACEPARENT).iter();
                 match (traceparents.next(), traceparents.next()) {

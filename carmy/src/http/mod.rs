@@ -27,7 +27,7 @@ use crate::wire::{codes, paths};
 pub(crate) use admission::Admission;
 pub(crate) use admitted::{Admitted, settings_of};
 pub(crate) use gate::GateLayer;
-pub(crate) use present::{Known, Present};
+pub(crate) use present::{Header, Present};
 
 /// The headers of an answer, at most: its own four, the gate's five (the version, the security
 /// headers), `Content-Length`. A route that reserves this much allocates its header map once,
@@ -36,7 +36,7 @@ pub(crate) const RESPONSE_HEADERS: usize = 10;
 
 /// How the HTTP adapter is tuned; set through the [`App`](crate::App) builder.
 #[derive(Clone)]
-pub(crate) struct HttpSettings {
+pub(crate) struct HttpOptions {
     /// How often an SSE stream sends a keep-alive comment while the tool is quiet.
     pub(crate) keep_alive: Duration,
     /// How long a request body may take to arrive, from the end of its head.
@@ -46,9 +46,9 @@ pub(crate) struct HttpSettings {
     pub(crate) metrics_trust: TrustLevel,
 }
 
-impl Default for HttpSettings {
+impl Default for HttpOptions {
     fn default() -> Self {
-        HttpSettings {
+        HttpOptions {
             keep_alive: Duration::from_secs(15),
             body_timeout: crate::config::MAX_BODY_TIMEOUT,
             metrics_trust: TrustLevel::Anonymous,

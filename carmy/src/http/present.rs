@@ -9,7 +9,7 @@ use super::Admitted;
 /// A request header that carmy reads, in the routes or at the gate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
-pub(crate) enum Known {
+pub(crate) enum Header {
     Accept,
     Authorization,
     CarmyChannel,
@@ -20,18 +20,18 @@ pub(crate) enum Known {
     Traceparent,
 }
 
-impl Known {
+impl Header {
     /// The header `name` is, if carmy reads it (names in a `HeaderMap` are lowercase).
-    fn named(name: &str) -> Option<Known> {
+    fn named(name: &str) -> Option<Header> {
         Some(match name {
-            "accept" => Known::Accept,
-            "authorization" => Known::Authorization,
-            "carmy-channel" => Known::CarmyChannel,
-            "carmy-version" => Known::CarmyVersion,
-            "idempotency-key" => Known::IdempotencyKey,
-            "origin" => Known::Origin,
-            "prefer" => Known::Prefer,
-            "traceparent" => Known::Traceparent,
+            "accept" => Header::Accept,
+            "authorization" => Header::Authorization,
+            "carmy-channel" => Header::CarmyChannel,
+            "carmy-version" => Header::CarmyVersion,
+            "idempotency-key" => Header::IdempotencyKey,
+            "origin" => Header::Origin,
+            "prefer" => Header::Prefer,
+            "traceparent" => Header::Traceparent,
             _ => return None,
         })
     }
@@ -41,7 +41,7 @@ impl Known {
     }
 }
 
-/// The [`Known`] headers a request carries.
+/// The [`Header`] headers a request carries.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Present(u8);
 
@@ -50,7 +50,7 @@ impl Present {
         Present(
             headers
                 .keys()
-                .filter_map(|name| Known::named(name.as_str()))
+                .filter_map(|name| Header::named(name.as_str()))
                 .fold(0, |present, known| present | known.bit()),
         )
     }
@@ -63,7 +63,7 @@ impl Present {
         }
     }
 
-    pub(crate) fn has(self, known: Known) -> bool {
+    pub(crate) fn has(self, known: Header) -> bool {
         self.0 & known.bit() != 0
     }
 }
@@ -76,15 +76,15 @@ mod tests {
     use super::*;
     use crate::wire::{CARMY_CHANNEL, CARMY_VERSION, IDEMPOTENCY_KEY, PREFER};
 
-    const ALL: [Known; 8] = [
-        Known::Accept,
-        Known::Authorization,
-        Known::CarmyChannel,
-        Known::CarmyVersion,
-        Known::IdempotencyKey,
-        Known::Origin,
-        Known::Prefer,
-        Known::Traceparent,
+    const ALL: [Header; 8] = [
+        Header::Accept,
+        Header::Authorization,
+        Header::CarmyChannel,
+        Header::CarmyVersion,
+        Header::IdempotencyKey,
+        Header::Origin,
+        Header::Prefer,
+        Header::Traceparent,
     ];
 
     #[test]
@@ -123,8 +123,8 @@ mod tests {
             headers.append(name, HeaderValue::from_static(value));
         }
         let present = Present::of(&headers);
-        assert!(present.has(Known::Prefer));
-        assert_eq!(present, Present(Known::Prefer.bit()));
+        assert!(present.has(Header::Prefer));
+        assert_eq!(present, Present(Header::Prefer.bit()));
         assert_eq!(Present::of(&HeaderMap::new()), Present::default());
     }
 }

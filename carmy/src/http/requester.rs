@@ -4,7 +4,7 @@
 use axum::http::{HeaderMap, HeaderValue};
 
 use super::accept::media_ranges;
-use super::{Known, Present};
+use super::{Header, Present};
 use crate::context::Requester;
 use crate::tool_error::ToolError;
 use crate::wire::CARMY_CHANNEL;
@@ -15,7 +15,7 @@ pub(crate) static VARY_REQUESTER: HeaderValue = HeaderValue::from_static("Accept
 /// The requester of a request with `headers` (of which `present`); a `Carmy-Channel` that is
 /// neither `human` nor `agent` (or sent twice) is refused rather than guessed.
 pub(crate) fn requester(headers: &HeaderMap, present: Present) -> Result<Requester, ToolError> {
-    if present.has(Known::CarmyChannel) {
+    if present.has(Header::CarmyChannel) {
         let mut channels = headers.get_all(&CARMY_CHANNEL).iter();
         return match (channels.next().map(HeaderValue::to_str), channels.next()) {
             (Some(Ok(value)), None) if value.trim().eq_ignore_ascii_case("human") => {
@@ -29,7 +29,7 @@ pub(crate) fn requester(headers: &HeaderMap, present: Present) -> Result<Request
             )),
         };
     }
-    Ok(if present.has(Known::Accept) && prefers_html(headers) {
+    Ok(if present.has(Header::Accept) && prefers_html(headers) {
         Requester::Human
     } else {
         Requester::Agent

@@ -61,7 +61,7 @@ const SESSION_NOT_FOUND: &str = "Not Found: Session not found";
 
 /// How MCP is served; set through the [`App`](crate::App) builder.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct McpSettings {
+pub(crate) struct McpOptions {
     /// The caller over stdio, where there is no request to authenticate.
     pub(crate) stdio_principal: Principal,
     /// How many sessions may be open, and how long one may be idle.

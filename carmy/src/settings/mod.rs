@@ -38,7 +38,7 @@ pub(crate) struct Settings {
     mcp_tools: [std::sync::OnceLock<Vec<rmcp::model::Tool>>; 4],
     /// `[events]`; `None` while events are off.
     #[cfg(feature = "events")]
-    pub(crate) events: Option<Arc<crate::events::EventSettings>>,
+    pub(crate) events: Option<Arc<crate::events::EventPolicy>>,
     /// The least trusted caller that may read `/metrics` (when metrics are on).
     pub(crate) metrics_trust: TrustLevel,
 }
@@ -73,7 +73,7 @@ pub(crate) struct Base {
     /// Every tool as declared.
     pub(crate) catalog: Catalog,
     pub(crate) protection: Protection,
-    pub(crate) runtime: runtime::Settings,
+    pub(crate) runtime: runtime::RuntimeOptions,
     /// The builder's `App::metrics_trust`, which `[metrics] trust` replaces.
     pub(crate) metrics_trust: TrustLevel,
 }
@@ -122,7 +122,7 @@ impl Base {
         let events_config = config.and_then(|config| config.events.as_ref());
         #[cfg(feature = "events")]
         let events = events_config
-            .map(crate::events::EventSettings::build)
+            .map(crate::events::EventPolicy::build)
             .transpose()?
             .map(Arc::new);
         #[cfg(not(feature = "events"))]

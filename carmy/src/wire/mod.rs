@@ -92,7 +92,7 @@ pub(crate) mod paths {
 
 /// The pages of the caller's executions (`protocol.md` §9), shared by the route and the
 /// OpenAPI document that describes it.
-pub(crate) mod executions {
+pub(crate) mod execution_list {
     /// The most executions one page of the list holds.
     pub(crate) const MAX_PAGE: usize = 100;
     /// A page's size when the caller does not say.

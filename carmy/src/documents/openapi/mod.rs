@@ -6,22 +6,22 @@
 //! [`PATH_GROUPS`], in the file of its area. Serving it (ETag, `304`) is the HTTP layer's
 //! business.
 
-mod calls;
+mod call_paths;
 mod components;
-mod documents;
-mod executions;
-mod operations;
+mod document_paths;
+mod execution_paths;
+mod operation_paths;
 mod webhooks;
 
 use serde_json::{Map, Value, json};
 
 use crate::catalog::Catalog;
 use crate::principal::TrustLevel;
-use calls::{execute_paths, tool_paths};
+use call_paths::{execute_paths, tool_paths};
 use components::{common_headers, common_parameters, common_schemas, error_responses};
-use documents::{catalog_paths, discovery_paths, openapi_paths};
-use executions::executions_paths;
-use operations::{admin_paths, health_paths, subscription_paths};
+use document_paths::{catalog_paths, discovery_paths, openapi_paths};
+use execution_paths::executions_paths;
+use operation_paths::{admin_paths, health_paths, subscription_paths};
 use webhooks::webhooks;
 
 pub(super) const OPENAPI_VERSION: &str = "3.1.0";

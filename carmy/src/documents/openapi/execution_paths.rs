@@ -7,7 +7,7 @@ use super::components::{
     EXECUTION_CANCEL_ERRORS, EXECUTION_EVENTS_ERRORS, EXECUTION_LIST_ERRORS, EXECUTION_READ_ERRORS,
     add_errors,
 };
-use crate::wire::executions::MAX_PAGE;
+use crate::wire::execution_list::MAX_PAGE;
 use crate::wire::paths;
 
 /// `/agent/executions` (§9): the caller's executions, read back, followed, cancelled, listed.

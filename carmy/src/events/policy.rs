@@ -57,7 +57,7 @@ pub(crate) struct DeclaredSubscription {
 
 /// The `[events]` table, with everything derived from it.
 #[derive(Debug)]
-pub(crate) struct EventSettings {
+pub(crate) struct EventPolicy {
     pub(crate) deliverer: Deliverer,
     /// How long one attempt may take.
     pub(crate) attempt_timeout: Duration,
@@ -73,7 +73,7 @@ pub(crate) struct EventSettings {
     pub(crate) declared: Vec<DeclaredSubscription>,
 }
 
-impl EventSettings {
+impl EventPolicy {
     pub(crate) fn build(config: &EventsConfig) -> Result<Self, Error> {
         let allowed = AllowedNetworks::parse(&config.allow_networks)
             .map_err(|reason| Error::Config(format!("[events] allow_networks: {reason}")))?;
@@ -106,7 +106,7 @@ impl EventSettings {
                 })
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        Ok(EventSettings {
+        Ok(EventPolicy {
             deliverer,
             attempt_timeout: config.attempt_timeout,
             retry_schedule: config.retry_schedule.clone(),
