@@ -40,6 +40,19 @@ pub fn app() -> App {
 }
 
 /// Builds the router that serves a set of tools over carmy/1.
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// # async fn run() -> Result<(), carmy::Error> {
+/// carmy::app()
+///     .name("shop")
+///     .default_timeout(Duration::from_secs(10))
+///     .load_config()? // carmy.toml, when present, and the CARMY_* variables
+///     .serve("127.0.0.1:3000")
+///     .await
+/// # }
+/// ```
 #[must_use]
 pub struct App {
     name: Option<String>,

@@ -197,6 +197,36 @@ impl Drop for EventReceiver {
 
 /// What a tool knows about the call it serves: ids, the caller, cancellation, and a way to
 /// report progress. Take it as a parameter: `ctx: carmy::Context`.
+///
+/// ```standalone_crate
+/// use carmy::{Context, JsonSchema, ToolError};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Deserialize, JsonSchema)]
+/// struct Export {
+///     /// How many pages to export.
+///     pages: u32,
+/// }
+///
+/// #[derive(Serialize, JsonSchema)]
+/// struct Exported {
+///     pages: u32,
+///     by: String,
+/// }
+///
+/// /// Export the catalog, page by page.
+/// #[carmy::tool(effect = "read", idempotent = true)]
+/// async fn export(ctx: Context, input: Export) -> Result<Exported, ToolError> {
+///     for page in 1..=input.pages {
+///         if ctx.is_cancelled() {
+///             return Err(ToolError::cancelled("STOPPED", "the export was stopped"));
+///         }
+///         // A streaming client (SSE, MCP with a progress token) sees each step.
+///         ctx.progress(u64::from(page), Some(u64::from(input.pages)), None);
+///     }
+///     Ok(Exported { pages: input.pages, by: ctx.principal().id().to_owned() })
+/// }
+/// ```
 #[derive(Clone)]
 pub struct Context {
     inner: Arc<ContextInner>,

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 // On docs.rs (nightly), items behind a cargo feature carry a badge naming it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
 mod app;
 pub mod auth;
@@ -44,11 +45,42 @@ pub mod webhook;
 mod wire;
 
 pub use app::{App, app};
-pub use carmy_macros::{JsonSchema, ToolError, tool};
-pub use config::Config;
+/// The tool registers itself when the program is linked, and [`app()`] serves every registered
+/// tool; the README lists the attribute's keys.
+///
+/// ```standalone_crate
+/// use carmy::{JsonSchema, ToolError};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Deserialize, JsonSchema)]
+/// struct NewOrder {
+///     /// The product to order.
+///     sku: String,
+/// }
+///
+/// #[derive(Serialize, JsonSchema)]
+/// struct Placed {
+///     order_id: u64,
+/// }
+///
+/// /// Place an order.
+/// #[carmy::tool(effect = "write", idempotent = false, timeout = "5s")]
+/// async fn create_order(input: NewOrder) -> Result<Placed, ToolError> {
+///     if input.sku.is_empty() {
+///         return Err(ToolError::not_found("PRODUCT_NOT_FOUND", "no such product"));
+///     }
+///     Ok(Placed { order_id: 1 })
+/// }
+///
+/// // Registered at link time: `carmy::app()` serves it.
+/// let router = carmy::app().router().unwrap();
+/// # drop(router);
+/// ```
+#[doc(inline)]
+pub use carmy_macros::tool;
+pub use carmy_macros::{JsonSchema, ToolError};
 pub use context::{Context, Requester};
 pub use error::Error;
-pub use health::Health;
 pub use principal::{Principal, TrustLevel};
 pub use schema_trait::*;
 pub use serve::{Server, shutdown_signal};

@@ -22,7 +22,7 @@ pub struct ToolsChanged {
 }
 
 impl ToolsChanged {
-    /// The event's name, as the events issue will deliver it.
+    /// The event's name, as webhooks deliver it (`protocol.md` §8).
     pub const NAME: &'static str = "tools.changed";
 
     /// The new `tools_version` that callers trusted at `trust` see.

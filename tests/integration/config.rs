@@ -1,4 +1,4 @@
-//! `carmy.toml` read through `carmy::Config::load_from`: typed values (a bool is a bool),
+//! `carmy.toml` read through `carmy::config::Config::load_from`: typed values (a bool is a bool),
 //! unknown keys and bad values refused with the file and line, `CARMY_*` overrides typed too.
 
 use std::path::PathBuf;
@@ -10,11 +10,11 @@ use serde_json::json;
 use crate::tools::{self, Probe};
 
 /// Writes `text` to a file of its own and loads it.
-fn load(name: &str, text: &str) -> Result<carmy::Config, String> {
+fn load(name: &str, text: &str) -> Result<carmy::config::Config, String> {
     let path: PathBuf =
         std::env::temp_dir().join(format!("carmy-config-{}-{name}.toml", std::process::id()));
     std::fs::write(&path, text).unwrap();
-    let config = carmy::Config::load_from(&path).map_err(|error| {
+    let config = carmy::config::Config::load_from(&path).map_err(|error| {
         let error = error.to_string();
         assert!(error.contains(&*path.to_string_lossy()), "no file: {error}");
         error
@@ -80,17 +80,20 @@ fn overrides_are_typed_and_name_their_variable() {
         let name = name.to_owned();
         move |asked: &str| (asked == name).then(|| value.to_owned())
     };
-    let error = carmy::Config::parse("", overrides("CARMY_SECURITY_HEADERS", "yes")).unwrap_err();
+    let error =
+        carmy::config::Config::parse("", overrides("CARMY_SECURITY_HEADERS", "yes")).unwrap_err();
     assert!(
         error
             .to_string()
             .contains("`CARMY_SECURITY_HEADERS` (`security_headers`) must be `true` or `false`"),
         "{error}"
     );
-    assert!(carmy::Config::parse("", overrides("CARMY_SECURITY_HEADERS", "false")).is_ok());
-    assert!(carmy::Config::parse("", overrides("CARMY_RATE_LIMIT_WINDOW_SECS", "0")).is_err());
+    assert!(carmy::config::Config::parse("", overrides("CARMY_SECURITY_HEADERS", "false")).is_ok());
     assert!(
-        carmy::Config::parse(
+        carmy::config::Config::parse("", overrides("CARMY_RATE_LIMIT_WINDOW_SECS", "0")).is_err()
+    );
+    assert!(
+        carmy::config::Config::parse(
             "",
             overrides("CARMY_CORS_ALLOWED_ORIGINS", "https://a, https://b")
         )
@@ -100,10 +103,11 @@ fn overrides_are_typed_and_name_their_variable() {
 
 /// Runs `load` on a thread of its own and waits at most five seconds for it: a reader without
 /// a bound would read a device forever (or wait for a FIFO's writer).
-fn load_within_seconds(path: PathBuf) -> Result<carmy::Config, String> {
+fn load_within_seconds(path: PathBuf) -> Result<carmy::config::Config, String> {
     let (sender, answer) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = sender.send(carmy::Config::load_from(&path).map_err(|error| error.to_string()));
+        let _ =
+            sender.send(carmy::config::Config::load_from(&path).map_err(|error| error.to_string()));
     });
     answer
         .recv_timeout(std::time::Duration::from_secs(5))

@@ -380,7 +380,7 @@ async fn the_console_in_a_real_browser() {
     let config = std::fs::read_to_string(workspace.join("examples/shop/carmy.toml")).unwrap();
     assert!(config.contains("\nanonymous = 60\n"));
     let config = config.replace("\nanonymous = 60\n", "\nanonymous = 6000\n");
-    let config = carmy::Config::parse(&config, |_| None).unwrap();
+    let config = carmy::config::Config::parse(&config, |_| None).unwrap();
     let router = shop::app()
         .config(config)
         .merge(axum::Router::new().route("/", axum::routing::get(carmy::console::page)))
@@ -413,7 +413,7 @@ async fn the_console_in_a_real_browser() {
 /// subscriptions, so the page never requests a management route that would answer it `404`.
 #[tokio::test]
 async fn the_console_session_says_who_calls_and_what_they_may_manage() {
-    let config = carmy::Config::parse(
+    let config = carmy::config::Config::parse(
         &format!(
             "[events]\n\
              [[tokens]]\nid = \"reporter\"\ntrust = \"known\"\nhash = \"{}\"\n\
@@ -458,7 +458,7 @@ async fn the_console_session_says_who_calls_and_what_they_may_manage() {
     }
 
     // Without `[events]` nobody manages subscriptions, internal callers included.
-    let config = carmy::Config::parse(
+    let config = carmy::config::Config::parse(
         &format!(
             "[[tokens]]\nid = \"assistant\"\ntrust = \"internal\"\nhash = \"{}\"\n",
             carmy::auth::hash_token("assistant-token")

@@ -104,7 +104,8 @@ async fn assert_cancelled(pending: tokio::task::JoinHandle<(String, Value)>, id:
 async fn a_call_in_a_session_outlives_its_client_and_ends_with_its_session() {
     let probe = Probe::default();
     // Time for the tool to run three times as long as the test watches it, below.
-    let longer = carmy::Config::parse("[tools.slow_write]\ntimeout = \"10s\"\n", |_| None).unwrap();
+    let longer =
+        carmy::config::Config::parse("[tools.slow_write]\ntimeout = \"10s\"\n", |_| None).unwrap();
     let server = Server::start(tools::app(&probe).config(longer).router().unwrap()).await;
     let session = handshake_over(&server).await;
 

@@ -154,7 +154,7 @@ fn with_token(mut request: Request<Body>, who: &str) -> Request<Body> {
 /// proxy names): one address at its cap leaves the others theirs.
 #[tokio::test]
 async fn anonymous_callers_are_capped_per_address() {
-    let config = carmy::Config::parse("trust_forwarded_for = true\n", |_| None).unwrap();
+    let config = carmy::config::Config::parse("trust_forwarded_for = true\n", |_| None).unwrap();
     let router = tools::app(&Probe::default())
         .config(config)
         .mcp_sessions_per_caller(2)

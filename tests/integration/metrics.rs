@@ -276,7 +276,7 @@ async fn openmetrics_when_asked() {
 
 #[tokio::test]
 async fn metrics_can_be_kept_to_internal_callers() {
-    let config = carmy::Config::parse(
+    let config = carmy::config::Config::parse(
         &format!(
             "[metrics]\nenabled = true\ntrust = \"internal\"\n\n[[tokens]]\nid = \"ops\"\ntrust = \"internal\"\nhash = \"{}\"\n\n[[tokens]]\nid = \"agent\"\ntrust = \"partner\"\nhash = \"{}\"\n",
             carmy::auth::hash_token("ops-token"),
@@ -302,7 +302,8 @@ async fn metrics_can_be_kept_to_internal_callers() {
 #[tokio::test]
 async fn the_shop_example_serves_metrics_without_a_token() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/shop/carmy.toml");
-    let config = carmy::Config::parse(&std::fs::read_to_string(path).unwrap(), |_| None).unwrap();
+    let config =
+        carmy::config::Config::parse(&std::fs::read_to_string(path).unwrap(), |_| None).unwrap();
     let router = shop::app().config(config).router().unwrap();
     // A tool hidden from the caller is, in the metrics too, a tool that does not exist.
     let hidden = execute(&router, &json!({ "tool": "sales_summary" })).await;

@@ -18,7 +18,7 @@ const INTERNAL_TOKEN: &str = "shop-internal-demo-token";
 
 /// The example as shipped: its tools and its `carmy.toml` (demo tokens, rate limits).
 fn shop() -> Router {
-    let config = carmy::Config::load_from(SHOP_CONFIG.as_ref()).unwrap();
+    let config = carmy::config::Config::load_from(SHOP_CONFIG.as_ref()).unwrap();
     shop::app().config(config).router().unwrap()
 }
 

@@ -692,7 +692,8 @@ async fn two_replicas_share_limits_through_redis() {
 #[tokio::test]
 async fn the_shop_example_config_grants_its_demo_tokens() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/shop/carmy.toml");
-    let config = carmy::Config::parse(&std::fs::read_to_string(path).unwrap(), |_| None).unwrap();
+    let config =
+        carmy::config::Config::parse(&std::fs::read_to_string(path).unwrap(), |_| None).unwrap();
     let router = shop::app().config(config).router().unwrap();
     let catalog = |token: Option<&str>| {
         let mut request = get_request("/agent/tools", &[]);

@@ -254,7 +254,7 @@ async fn the_admin_route_is_only_for_internal_callers_and_config_managers() {
 
 #[tokio::test]
 async fn an_app_configured_without_a_file_has_nothing_to_reload() {
-    let config = carmy::Config::parse(&tokens(), |_| None).unwrap();
+    let config = carmy::config::Config::parse(&tokens(), |_| None).unwrap();
     let router = tools::app(&Probe::default())
         .config(config)
         .router()

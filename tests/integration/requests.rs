@@ -181,7 +181,7 @@ const INTERNAL_TOKEN: &str = "internal-token";
 /// The test tools behind the configuration's tokens (the gate's own check) or the builder's
 /// authenticator (a host's), each knowing a `known` and an `internal` caller.
 fn token_routers() -> Vec<axum::Router> {
-    let config = carmy::Config::parse(
+    let config = carmy::config::Config::parse(
         &format!(
             "[[tokens]]\nid = \"agent\"\ntrust = \"known\"\nhash = \"{}\"\n\n\
              [[tokens]]\nid = \"ops\"\ntrust = \"internal\"\nhash = \"{}\"\n",
@@ -332,7 +332,7 @@ const ALLOWED: &str = "https://app.example.com";
 /// The test tools and `tally`, with the tokens, events (for the subscription routes) and one
 /// allowed origin.
 fn origin_app(probe: &Probe) -> axum::Router {
-    let config = carmy::Config::parse(
+    let config = carmy::config::Config::parse(
         &format!(
             "[cors]\nallowed_origins = [\"{ALLOWED}\"]\n\n\
              [[tokens]]\nid = \"ops\"\ntrust = \"internal\"\nhash = \"{}\"\n\n\

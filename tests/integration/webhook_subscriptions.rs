@@ -513,11 +513,11 @@ async fn declared_subscriptions_are_listed_delivered_and_read_only() {
 fn a_declared_subscription_without_its_variable_is_a_config_error_naming_it() {
     let declared = "[events]\n[[events.subscriptions]]\nurl = \"https://hooks.example.com/\"\n\
                     event_types = [\"tools.changed\"]\nsecret_env = \"MISSING_HOOKS_SECRET\"\n";
-    let error = carmy::Config::parse(declared, |_| None)
+    let error = carmy::config::Config::parse(declared, |_| None)
         .unwrap_err()
         .to_string();
     assert!(error.contains("MISSING_HOOKS_SECRET"), "{error}");
-    let error = carmy::Config::parse(declared, |name| {
+    let error = carmy::config::Config::parse(declared, |name| {
         (name == "MISSING_HOOKS_SECRET").then(|| "not-a-secret".to_owned())
     })
     .unwrap_err()

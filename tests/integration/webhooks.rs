@@ -90,7 +90,7 @@ pub(crate) fn app_with_env(
     events: &str,
     env: &[(&str, &str)],
 ) -> carmy::App {
-    let config = carmy::Config::parse(&format!("{}\n{events}", tokens()), |name| {
+    let config = carmy::config::Config::parse(&format!("{}\n{events}", tokens()), |name| {
         env.iter()
             .find(|(var, _)| *var == name)
             .map(|(_, value)| (*value).to_owned())

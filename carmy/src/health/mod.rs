@@ -98,7 +98,7 @@ pub struct HealthChanged {
 }
 
 impl HealthChanged {
-    /// The event's name, as the events issue will deliver it.
+    /// The event's name, as webhooks deliver it (`protocol.md` §8).
     pub const NAME: &'static str = "health.changed";
 }
 

@@ -140,7 +140,7 @@ const AS_ALICE: (&str, &str) = ("authorization", "Bearer custom-store-alice");
 const WITHIN: Duration = Duration::from_secs(15);
 
 /// The two tokens and an `[events]` table for a receiver on loopback.
-fn config() -> carmy::Config {
+fn config() -> carmy::config::Config {
     let text = format!(
         "[[tokens]]\nid = \"root\"\ntrust = \"internal\"\nhash = \"{}\"\n\n\
          [[tokens]]\nid = \"alice\"\ntrust = \"known\"\nhash = \"{}\"\n\n\
@@ -149,7 +149,7 @@ fn config() -> carmy::Config {
         hash_token(ROOT),
         hash_token(ALICE)
     );
-    carmy::Config::parse(&text, |_| None).unwrap()
+    carmy::config::Config::parse(&text, |_| None).unwrap()
 }
 
 async fn call(router: &Router, body: &Value, headers: &[(&str, &str)]) -> Answer {

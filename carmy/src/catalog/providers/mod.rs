@@ -66,6 +66,7 @@ pub struct Lossy {
 /// A tool's definition for one provider, ready to paste into its API.
 #[derive(Debug, Clone)]
 pub struct ToolDefinition {
+    /// The tool's name.
     pub name: &'static str,
     /// The provider's tool object.
     pub definition: Value,
