@@ -481,6 +481,83 @@ impl Executions {
     }
 }
 
+/// `ExecutionStore` for an engine whose executions live in this process, in its
+/// `ProcessExecutions` field `executions` (the memory and file engines).
+macro_rules! kept_in_process {
+    ($engine:ty) => {
+        impl $crate::store::ExecutionStore for $engine {
+            fn begin_execution<'a>(
+                &'a self,
+                caller: &'a str,
+                execution_id: &'a std::sync::Arc<str>,
+                tool: &'a str,
+                lease: std::time::Duration,
+            ) -> futures_util::future::BoxFuture<'a, Result<(), $crate::store::StoreError>> {
+                self.executions.begin(caller, execution_id, tool, lease)
+            }
+
+            fn record_progress<'a>(
+                &'a self,
+                execution_id: &'a str,
+                event: $crate::store::RecordedEvent,
+            ) -> futures_util::future::BoxFuture<'a, Result<(), $crate::store::StoreError>> {
+                self.executions.progress(execution_id, event)
+            }
+
+            fn end_execution<'a>(
+                &'a self,
+                execution_id: &'a str,
+                outcome: $crate::store::RecordedOutcome,
+                ttl: std::time::Duration,
+            ) -> futures_util::future::BoxFuture<'a, Result<(), $crate::store::StoreError>> {
+                self.executions.end(execution_id, outcome, ttl)
+            }
+
+            fn execution<'a>(
+                &'a self,
+                caller: &'a str,
+                execution_id: &'a str,
+            ) -> futures_util::future::BoxFuture<
+                'a,
+                Result<Option<$crate::store::ExecutionRecord>, $crate::store::StoreError>,
+            > {
+                self.executions.get(caller, execution_id)
+            }
+
+            fn executions<'a>(
+                &'a self,
+                caller: &'a str,
+                query: &'a $crate::store::ExecutionQuery,
+            ) -> futures_util::future::BoxFuture<
+                'a,
+                Result<Vec<$crate::store::ExecutionSummary>, $crate::store::StoreError>,
+            > {
+                self.executions.list(caller, query)
+            }
+
+            fn cancel_execution<'a>(
+                &'a self,
+                caller: &'a str,
+                execution_id: &'a str,
+            ) -> futures_util::future::BoxFuture<
+                'a,
+                Result<$crate::store::Cancellation, $crate::store::StoreError>,
+            > {
+                self.executions.cancel(caller, execution_id)
+            }
+
+            fn execution_changed(
+                &self,
+                execution_id: &str,
+            ) -> futures_util::future::BoxFuture<'static, ()> {
+                self.executions.changed(execution_id)
+            }
+        }
+    };
+}
+
+pub(super) use kept_in_process;
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;

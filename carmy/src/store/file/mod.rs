@@ -10,16 +10,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::future::BoxFuture;
 use redb::{Database, Durability, ReadTransaction, ReadableDatabase, WriteTransaction};
 
 use self::commit::Committer;
 use self::keys::{RECORDS, Table, purge};
 use super::record::Cleanup;
-use super::{
-    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionStore, ExecutionSummary,
-    ProcessExecutions, RecordedEvent, RecordedOutcome, StoreError,
-};
+use super::{ProcessExecutions, StoreError};
 
 /// How often expired records are deleted.
 const CLEANUP_EVERY: Duration = Duration::from_secs(60);
@@ -245,60 +241,5 @@ impl<'a> Decoder<'a> {
     }
 }
 
-/// The executions are kept in this process, as the memory engine keeps them.
-impl ExecutionStore for FileStore {
-    fn begin_execution<'a>(
-        &'a self,
-        caller: &'a str,
-        execution_id: &'a Arc<str>,
-        tool: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.executions.begin(caller, execution_id, tool, lease)
-    }
-
-    fn record_progress<'a>(
-        &'a self,
-        execution_id: &'a str,
-        event: RecordedEvent,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.executions.progress(execution_id, event)
-    }
-
-    fn end_execution<'a>(
-        &'a self,
-        execution_id: &'a str,
-        outcome: RecordedOutcome,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.executions.end(execution_id, outcome, ttl)
-    }
-
-    fn execution<'a>(
-        &'a self,
-        caller: &'a str,
-        execution_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<ExecutionRecord>, StoreError>> {
-        self.executions.get(caller, execution_id)
-    }
-
-    fn executions<'a>(
-        &'a self,
-        caller: &'a str,
-        query: &'a ExecutionQuery,
-    ) -> BoxFuture<'a, Result<Vec<ExecutionSummary>, StoreError>> {
-        self.executions.list(caller, query)
-    }
-
-    fn cancel_execution<'a>(
-        &'a self,
-        caller: &'a str,
-        execution_id: &'a str,
-    ) -> BoxFuture<'a, Result<Cancellation, StoreError>> {
-        self.executions.cancel(caller, execution_id)
-    }
-
-    fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
-        self.executions.changed(execution_id)
-    }
-}
+// The executions are kept in this process, as the memory engine keeps them.
+super::process_executions::kept_in_process!(FileStore);

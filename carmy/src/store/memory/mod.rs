@@ -5,17 +5,11 @@ mod keys;
 mod outbox;
 
 use std::hash::RandomState;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use futures_util::future::BoxFuture;
+use std::sync::Mutex;
 
 use self::keys::{Limits, Shard};
 use self::outbox::MemoryOutbox;
-use super::{
-    Cancellation, ExecutionQuery, ExecutionRecord, ExecutionStore, ExecutionSummary,
-    ProcessExecutions, RecordedEvent, RecordedOutcome, StoreError,
-};
+use super::ProcessExecutions;
 
 /// Records kept by default before the oldest finished ones are evicted.
 const DEFAULT_CAPACITY: usize = 100_000;
@@ -123,60 +117,5 @@ impl MemoryStore {
     }
 }
 
-/// The executions are kept in this process, as the file engine keeps them.
-impl ExecutionStore for MemoryStore {
-    fn begin_execution<'a>(
-        &'a self,
-        caller: &'a str,
-        execution_id: &'a Arc<str>,
-        tool: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.executions.begin(caller, execution_id, tool, lease)
-    }
-
-    fn record_progress<'a>(
-        &'a self,
-        execution_id: &'a str,
-        event: RecordedEvent,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.executions.progress(execution_id, event)
-    }
-
-    fn end_execution<'a>(
-        &'a self,
-        execution_id: &'a str,
-        outcome: RecordedOutcome,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.executions.end(execution_id, outcome, ttl)
-    }
-
-    fn execution<'a>(
-        &'a self,
-        caller: &'a str,
-        execution_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<ExecutionRecord>, StoreError>> {
-        self.executions.get(caller, execution_id)
-    }
-
-    fn executions<'a>(
-        &'a self,
-        caller: &'a str,
-        query: &'a ExecutionQuery,
-    ) -> BoxFuture<'a, Result<Vec<ExecutionSummary>, StoreError>> {
-        self.executions.list(caller, query)
-    }
-
-    fn cancel_execution<'a>(
-        &'a self,
-        caller: &'a str,
-        execution_id: &'a str,
-    ) -> BoxFuture<'a, Result<Cancellation, StoreError>> {
-        self.executions.cancel(caller, execution_id)
-    }
-
-    fn execution_changed(&self, execution_id: &str) -> BoxFuture<'static, ()> {
-        self.executions.changed(execution_id)
-    }
-}
+// The executions are kept in this process, as the file engine keeps them.
+super::process_executions::kept_in_process!(MemoryStore);
