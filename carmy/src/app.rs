@@ -23,7 +23,9 @@ use crate::serve::{self, Server};
 use crate::settings::Reloader;
 use crate::settings::{Base, Current};
 use crate::state::StateMap;
-use crate::store::{Engine, EventStore, ExecutionStore, KeyStore, StoreChoice};
+use crate::store::{
+    ApprovalStore, ConsentStore, Engine, EventStore, ExecutionStore, KeyStore, StoreChoice,
+};
 use crate::tool::{self, ToolDescriptor};
 
 /// Starts an app with every tool registered by `#[carmy::tool]` in the program.
@@ -199,6 +201,20 @@ impl App {
     /// other concerns (see [`App::key_store`]).
     pub fn event_store(mut self, store: impl EventStore) -> Self {
         self.stores.events(store);
+        self
+    }
+
+    /// Where calls held for a person's approval live (`protocol.md` §12), whatever keeps the
+    /// other concerns (see [`App::key_store`]).
+    pub fn approval_store(mut self, store: impl ApprovalStore) -> Self {
+        self.stores.approvals(store);
+        self
+    }
+
+    /// Where callers' consents live (`protocol.md` §12), whatever keeps the other concerns
+    /// (see [`App::key_store`]).
+    pub fn consent_store(mut self, store: impl ConsentStore) -> Self {
+        self.stores.consents(store);
         self
     }
 

@@ -3,7 +3,9 @@
 //! - [`KeyStore`]: idempotency records, how a retried call with the same `request_id` gets the
 //!   first call's answer instead of running twice (`protocol.md` §4);
 //! - [`ExecutionStore`]: executions kept for their callers (`protocol.md` §9);
-//! - [`EventStore`]: event subscriptions and the outbox (`protocol.md` §8).
+//! - [`EventStore`]: event subscriptions and the outbox (`protocol.md` §8);
+//! - [`ApprovalStore`]: calls held until a person decides, and [`ConsentStore`]: callers'
+//!   standing consents (`protocol.md` §12).
 //!
 //! Each contract is designed for shared engines: every transition is one atomic operation, and
 //! a reader waiting on a change either hears a notification (in-process stores, announcements)
@@ -16,7 +18,9 @@
 
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod announcements;
+mod approvals;
 mod connect;
+mod consents;
 mod error;
 mod executions;
 #[cfg(feature = "file")]
@@ -34,7 +38,11 @@ pub(crate) mod record;
 pub(crate) mod redis;
 mod stores;
 
+pub use approvals::{
+    Actor, Approval, ApprovalQuery, ApprovalStatus, ApprovalStep, ApprovalStore, Decided, Verdict,
+};
 pub use connect::{IDEMPOTENCY_URL_VAR, connect, connect_from_env, connect_with};
+pub use consents::{Consent, ConsentStep, ConsentStore};
 pub use error::StoreError;
 pub use executions::{
     Cancellation, ExecutionQuery, ExecutionRecord, ExecutionState, ExecutionStore,

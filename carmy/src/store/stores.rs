@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use super::{Engine, EventStore, ExecutionStore, KeyStore, MemoryStore};
+use super::{
+    ApprovalStore, ConsentStore, Engine, EventStore, ExecutionStore, KeyStore, MemoryStore,
+};
 
 /// The store of each concern an app runs on.
 #[derive(Clone)]
@@ -10,15 +12,21 @@ pub(crate) struct Stores {
     pub(crate) keys: Arc<dyn KeyStore>,
     pub(crate) executions: Arc<dyn ExecutionStore>,
     pub(crate) events: Arc<dyn EventStore>,
+    pub(crate) approvals: Arc<dyn ApprovalStore>,
+    pub(crate) consents: Arc<dyn ConsentStore>,
 }
 
 impl Stores {
-    /// Every concern on `engine`.
+    /// Every concern on `engine`; approvals and consents in memory until the shared engines
+    /// keep them.
     pub(crate) fn from_engine<E: Engine>(engine: Arc<E>) -> Self {
+        let memory = Arc::new(MemoryStore::new());
         Stores {
             keys: Arc::clone(&engine) as Arc<dyn KeyStore>,
             executions: Arc::clone(&engine) as Arc<dyn ExecutionStore>,
             events: engine,
+            approvals: Arc::clone(&memory) as Arc<dyn ApprovalStore>,
+            consents: memory,
         }
     }
 }
@@ -35,6 +43,8 @@ pub(crate) struct StoreChoice {
     keys: Option<Arc<dyn KeyStore>>,
     executions: Option<Arc<dyn ExecutionStore>>,
     events: Option<Arc<dyn EventStore>>,
+    approvals: Option<Arc<dyn ApprovalStore>>,
+    consents: Option<Arc<dyn ConsentStore>>,
 }
 
 impl StoreChoice {
@@ -44,11 +54,15 @@ impl StoreChoice {
             keys,
             executions,
             events,
+            approvals,
+            consents,
         } = Stores::from_engine(Arc::new(engine));
         *self = StoreChoice {
             keys: Some(keys),
             executions: Some(executions),
             events: Some(events),
+            approvals: Some(approvals),
+            consents: Some(consents),
         };
     }
 
@@ -64,22 +78,35 @@ impl StoreChoice {
         self.events = Some(Arc::new(store));
     }
 
-    /// The chosen stores, a [`MemoryStore`] (one for all) serving the concerns not chosen.
+    pub(crate) fn approvals(&mut self, store: impl ApprovalStore) {
+        self.approvals = Some(Arc::new(store));
+    }
+
+    pub(crate) fn consents(&mut self, store: impl ConsentStore) {
+        self.consents = Some(Arc::new(store));
+    }
+
+    /// The chosen stores, one [`MemoryStore`] serving every concern not chosen.
     pub(crate) fn build(self) -> Stores {
-        match (self.keys, self.executions, self.events) {
-            (Some(keys), Some(executions), Some(events)) => Stores {
-                keys,
-                executions,
-                events,
-            },
-            (keys, executions, events) => {
-                let memory = Stores::from_engine(Arc::new(MemoryStore::new()));
-                Stores {
-                    keys: keys.unwrap_or(memory.keys),
-                    executions: executions.unwrap_or(memory.executions),
-                    events: events.unwrap_or(memory.events),
-                }
-            }
+        let StoreChoice {
+            keys,
+            executions,
+            events,
+            approvals,
+            consents,
+        } = self;
+        let mut memory = None;
+        let mut memory = || {
+            memory
+                .get_or_insert_with(|| Stores::from_engine(Arc::new(MemoryStore::new())))
+                .clone()
+        };
+        Stores {
+            keys: keys.unwrap_or_else(|| memory().keys),
+            executions: executions.unwrap_or_else(|| memory().executions),
+            events: events.unwrap_or_else(|| memory().events),
+            approvals: approvals.unwrap_or_else(|| memory().approvals),
+            consents: consents.unwrap_or_else(|| memory().consents),
         }
     }
 }

@@ -1,12 +1,14 @@
 //! The default engine: in memory, bounded; each concern in a file of its own (records in
 //! [`keys`], events in [`outbox`], executions those of every in-process engine).
 
+mod approvals;
 mod keys;
 mod outbox;
 
 use std::hash::RandomState;
 use std::sync::Mutex;
 
+use self::approvals::MemoryApprovals;
 use self::keys::{Limits, Shard};
 use self::outbox::MemoryOutbox;
 use super::ProcessExecutions;
@@ -55,6 +57,7 @@ pub struct MemoryStore {
     hasher: RandomState,
     executions: ProcessExecutions,
     outbox: MemoryOutbox,
+    approvals: MemoryApprovals,
 }
 
 impl Default for MemoryStore {
@@ -108,6 +111,7 @@ impl MemoryStore {
             hasher,
             executions: ProcessExecutions::new(max_bytes),
             outbox: MemoryOutbox::new(max_bytes),
+            approvals: MemoryApprovals::default(),
         }
     }
 
